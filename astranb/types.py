@@ -1,0 +1,164 @@
+"""Plain data that flows through astranb: samples, generations, trajectories, batches, weights.
+
+Everything here is a frozen dataclass so a record can be shared between the event loop, worker
+threads and widgets without copies or locks. Tensor fields carry their shape in the name
+(`logp_B_T` is batch x tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+__all__ = [
+    "SamplingParams",
+    "GenerationRequest",
+    "Generation",
+    "Turn",
+    "Trajectory",
+    "Batch",
+    "WeightUpdate",
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a rollout engine samples one completion."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus mass kept before sampling (1.0 keeps the whole distribution)."""
+    max_new_tokens: int = 16
+    """Upper bound on generated tokens."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the completion (the stop token is kept in the completion)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt for a rollout engine."""
+
+    prompt_ids: tuple[int, ...]
+    """Prompt token ids (already templated and tokenized)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling settings for this request."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What an engine returns for one request: tokens with their logprobs and weight versions."""
+
+    prompt_ids: tuple[int, ...]
+    """The prompt, as given."""
+    completion_ids: tuple[int, ...]
+    """Sampled tokens, stop token included."""
+    logprobs: tuple[float, ...]
+    """Log-probability of each sampled token under the sampling distribution that drew it."""
+    versions: tuple[int, ...]
+    """Weight version that produced each sampled token (same length as completion_ids)."""
+    finish_reason: str
+    """"stop" (a stop token was sampled) or "length" (max_new_tokens reached)."""
+    text: str = ""
+    """Decoded completion without special tokens."""
+
+    @property
+    def min_version(self) -> int:
+        """Oldest weight version among the completion's tokens."""
+        return min(self.versions) if self.versions else -1
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One generate() call inside an episode, made by one role."""
+
+    role: str
+    """Environment role that made the call."""
+    policy: str
+    """Name of the policy wired to that role."""
+    generation: Generation
+    """The engine's answer."""
+    sampling: SamplingParams
+    """Sampling settings used (the trainer needs the temperature)."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A finished episode: every turn it made and the rewards it earned."""
+
+    sample: Mapping[str, Any]
+    """The dataset sample the episode ran on."""
+    turns: tuple[Turn, ...]
+    """Every generate() call, in order."""
+    rewards: Mapping[str, float]
+    """Reward per role."""
+    group: int
+    """Group id: episodes of one group share a sample and are normalised together."""
+    error: str | None = None
+    """Traceback text when the episode raised; such an episode is never trained on."""
+    started_version: int = 0
+    """Trainer version when the episode was admitted."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def min_version(self, policy: str | None = None) -> int:
+        """Oldest token version in the episode (optionally only the given policy's tokens)."""
+        versions = [
+            t.generation.min_version for t in self.turns if policy is None or t.policy == policy
+        ]
+        versions = [v for v in versions if v >= 0]
+        return min(versions) if versions else -1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded training batch for one policy. Prompt tokens have loss_mask 0."""
+
+    input_ids_B_T: torch.Tensor
+    """Prompt + completion token ids, right padded."""
+    attention_mask_B_T: torch.Tensor
+    """1 for real tokens, 0 for padding."""
+    loss_mask_B_T: torch.Tensor
+    """1 on completion tokens that are trained (targets), aligned with input_ids."""
+    old_logp_B_T: torch.Tensor
+    """Behaviour logprob of each target token (0 where loss_mask is 0)."""
+    advantages_B_T: torch.Tensor
+    """Advantage of each target token (the sequence advantage broadcast over its tokens)."""
+    versions_B_T: torch.Tensor
+    """Weight version that generated each target token (-1 on prompt and padding)."""
+    temperature_B: torch.Tensor
+    """Sampling temperature of each row (the trainer scales logits by it)."""
+    rewards_B: torch.Tensor
+    """Scalar reward of each row."""
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids_B_T.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask_B_T.sum())
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """A published set of weights for one policy."""
+
+    policy: str
+    """Policy name."""
+    version: int
+    """Version these weights are (the trainer's step count after producing them)."""
+    state: Mapping[str, torch.Tensor]
+    """Parameter name -> tensor, as the engine's model names them."""
