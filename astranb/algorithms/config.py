@@ -1,0 +1,235 @@
+"""Algorithm configs: what a user passes to `session.policy(..., algorithm=...)`.
+
+An algorithm is two choices: how a group's rewards become advantages, and which token loss turns
+advantages into a gradient. Both configs here use group-relative advantages (`group_advantages`)
+and differ in the loss:
+
+    GRPO()   PPO's clipped surrogate: each token's ratio is clipped to
+             [1 - clip_low, 1 + clip_high].
+    M2PO()   no clipping; instead the fewest tokens with the largest (log r)^2 are dropped until
+             the batch's mean (log r)^2 is within `threshold`. Made for stale (asynchronous) data.
+
+With `filter_groups=True` the trainer drops groups whose rewards are all equal before training
+(dynamic sampling); their advantages are all zero and would only dilute the token mean.
+
+Configs are frozen dataclasses: hashable, printable, and checked when built, so a typo fails at
+the call that made it rather than in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import group_advantages
+from .losses import ppo_clip_loss
+from .m2po import m2po_loss
+
+__all__ = ["Algorithm", "GRPO", "M2PO"]
+
+
+def _check_bool(algorithm: str, field: str, value: object) -> None:
+    """Reject non-bool flags (a string such as "no" would otherwise read as True).
+
+    Args:
+        algorithm: class name, for the message.
+        field: field name, for the message.
+        value: the value given.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{algorithm} {field} must be True or False, got {value!r}")
+
+
+def _check_number(algorithm: str, field: str, value: object) -> float:
+    """Reject values that are not real numbers (bools included).
+
+    Args:
+        algorithm: class name, for the message.
+        field: field name, for the message.
+        value: the value given.
+
+    Returns:
+        The value as a float.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{algorithm} {field} must be a number, got {value!r}")
+    return float(value)
+
+
+def _check_clip(field: str, value: object) -> None:
+    """A GRPO clip width must lie strictly between 0 and 1.
+
+    Args:
+        field: "clip_low" or "clip_high".
+        value: the value given.
+    """
+    number = _check_number("GRPO", field, value)
+    if not 0 < number < 1:
+        raise ValueError(
+            f"GRPO {field} must be in (0, 1), got {value!r}: it is a fraction of the ratio "
+            f"(the ratio is clipped to [1 - clip_low, 1 + clip_high]); use e.g. {field}=0.2"
+        )
+
+
+def _check_entropy(algorithm: str, value: object) -> None:
+    """The entropy bonus weight must be a finite number >= 0."""
+    number = _check_number(algorithm, "entropy_coef", value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(
+            f"{algorithm} entropy_coef must be >= 0, got {value!r}; 0 disables the bonus, "
+            "0.01-0.05 keeps a tiny model exploring"
+        )
+
+
+class Algorithm(ABC):
+    """What every algorithm config offers the trainer: advantages, a token loss, and a name.
+
+    Subclasses are frozen dataclasses with at least the fields `normalize_std`, `filter_groups`
+    and `entropy_coef`.
+    """
+
+    normalize_std: bool
+    filter_groups: bool
+    entropy_coef: float
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Short lower-case name, used in logs and metric keys."""
+
+    @abstractmethod
+    def loss(
+        self,
+        logp_B_T: torch.Tensor,
+        old_logp_B_T: torch.Tensor,
+        adv_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+        num_tokens: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The token-mean policy loss and its metrics.
+
+        Args:
+            logp_B_T: logprobs of the sampled tokens under the policy being trained.
+            old_logp_B_T: logprobs under the policy that sampled them.
+            adv_B_T: advantage of each token.
+            mask_B_T: 1 on trained tokens.
+            num_tokens: denominator of the token mean (the minibatch's token count when the
+                minibatch is split into micro-batches); defaults to mask_B_T.sum().
+
+        Returns:
+            (loss, metrics): a scalar tensor and a dict of python floats.
+        """
+
+    def advantages(self, rewards_G_N: torch.Tensor) -> torch.Tensor:
+        """Group-relative advantages of a [groups, samples] reward table.
+
+        Args:
+            rewards_G_N: reward of sample n of group g.
+
+        Returns:
+            adv_G_N: (r - group mean), divided by (group std + eps) when normalize_std is True.
+        """
+        return group_advantages(rewards_G_N, normalize_std=self.normalize_std)
+
+
+@dataclass(frozen=True)
+class GRPO(Algorithm):
+    """Group-relative advantages with PPO's clipped surrogate loss."""
+
+    clip_low: float = 0.2
+    """The ratio is clipped below at 1 - clip_low; in (0, 1)."""
+    clip_high: float = 0.2
+    """The ratio is clipped above at 1 + clip_high; in (0, 1). DAPO's "clip higher" uses 0.28."""
+    normalize_std: bool = True
+    """Divide advantages by the group's reward std; False only subtracts the group mean."""
+    filter_groups: bool = True
+    """Drop groups whose rewards are all equal before training (dynamic sampling)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus (token mean of the policy's entropy, subtracted from the loss).
+    Keeps exploration alive when a small model would otherwise collapse onto one answer."""
+
+    def __post_init__(self) -> None:
+        _check_clip("clip_low", self.clip_low)
+        _check_clip("clip_high", self.clip_high)
+        _check_bool("GRPO", "normalize_std", self.normalize_std)
+        _check_bool("GRPO", "filter_groups", self.filter_groups)
+        _check_entropy("GRPO", self.entropy_coef)
+
+    @property
+    def name(self) -> str:
+        return "grpo"
+
+    def loss(
+        self,
+        logp_B_T: torch.Tensor,
+        old_logp_B_T: torch.Tensor,
+        adv_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+        num_tokens: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO clipped surrogate; see `ppo_clip_loss`."""
+        return ppo_clip_loss(
+            logp_B_T,
+            old_logp_B_T,
+            adv_B_T,
+            mask_B_T,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            num_tokens=num_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class M2PO(Algorithm):
+    """Group-relative advantages with M2PO's second-moment token masking and no clipping."""
+
+    threshold: float = 0.04
+    """Bound on the mean (log r)^2 of the batch's tokens; > 0. The paper's default is 0.04."""
+    only_violating: bool = False
+    """AstraFlow's variant: only sign-violating tokens, (A>0, r>1) or (A<0, r<1), are measured
+    and may be dropped; all other tokens are always kept."""
+    normalize_std: bool = True
+    """Divide advantages by the group's reward std; False only subtracts the group mean."""
+    filter_groups: bool = True
+    """Drop groups whose rewards are all equal before training (dynamic sampling)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus (token mean of the policy's entropy, subtracted from the loss).
+    Keeps exploration alive when a small model would otherwise collapse onto one answer."""
+
+    def __post_init__(self) -> None:
+        threshold = _check_number("M2PO", "threshold", self.threshold)
+        if not (threshold > 0 and math.isfinite(threshold)):
+            raise ValueError(
+                f"M2PO threshold must be a finite number > 0, got {self.threshold!r}: it bounds "
+                "the mean (log ratio)^2 of the batch; use e.g. threshold=0.04 (the paper's default)"
+            )
+        _check_bool("M2PO", "only_violating", self.only_violating)
+        _check_bool("M2PO", "normalize_std", self.normalize_std)
+        _check_bool("M2PO", "filter_groups", self.filter_groups)
+        _check_entropy("M2PO", self.entropy_coef)
+
+    @property
+    def name(self) -> str:
+        return "m2po"
+
+    def loss(
+        self,
+        logp_B_T: torch.Tensor,
+        old_logp_B_T: torch.Tensor,
+        adv_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+        num_tokens: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """M2PO loss; see `m2po_loss`."""
+        return m2po_loss(
+            logp_B_T,
+            old_logp_B_T,
+            adv_B_T,
+            mask_B_T,
+            threshold=self.threshold,
+            only_violating=self.only_violating,
+            num_tokens=num_tokens,
+        )

@@ -1,0 +1,101 @@
+"""The per-policy buffer between rollouts and the trainer.
+
+Finished groups wait here until the trainer pops a batch. Order is EDF (earliest deadline first:
+the group with the oldest token goes first, so the samples closest to the staleness bound are
+trained before they expire) or FIFO (arrival order). The staleness bound is re-checked at pop:
+a group whose oldest token is more than `max_staleness` versions behind is dropped there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from ..types import Trajectory
+
+__all__ = ["Group", "Buffer", "ORDERS"]
+
+ORDERS = ("edf", "fifo")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Episodes that ran on one sample; advantages are normalised within it."""
+
+    id: int
+    """Run-wide group id."""
+    trajectories: tuple[Trajectory, ...]
+    """The successful episodes of the group."""
+    admitted_version: int
+    """Trainer version of the policy when the group was admitted."""
+    policies: frozenset[str] = field(default_factory=frozenset)
+    """Policies that made at least one turn in it."""
+
+    def min_version(self, policy: str) -> int:
+        """Oldest token version among `policy`'s turns (-1 if it made none)."""
+        versions = [t.min_version(policy) for t in self.trajectories]
+        versions = [v for v in versions if v >= 0]
+        return min(versions) if versions else -1
+
+
+class Buffer:
+    """Groups waiting to be trained by one policy.
+
+    Args:
+        policy: the policy name.
+        order: "edf" or "fifo".
+    """
+
+    def __init__(self, policy: str, order: str = "edf"):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        self.policy = policy
+        self.order = order
+        self._heap: list[tuple[int, int, Group]] = []
+        self._seq = itertools.count()
+        self._added = anyio.Event()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def put(self, group: Group) -> None:
+        seq = next(self._seq)
+        key = group.min_version(self.policy) if self.order == "edf" else seq
+        heapq.heappush(self._heap, (key, seq, group))
+        self._added.set()
+        self._added = anyio.Event()
+
+    async def pop(
+        self,
+        n: int,
+        version: int,
+        max_staleness: int,
+        on_drop: Callable[[Group], None] = lambda group: None,
+    ) -> list[Group]:
+        """Wait for `n` groups fresh enough to train at `version`.
+
+        A group found too stale on the way is dropped and handed to `on_drop` at once: its
+        admission must be released right away, or a full gate could wait on a pop that waits
+        on the gate.
+        """
+        batch: list[Group] = []
+        while len(batch) < n:
+            if not self._heap:
+                await self._added.wait()
+                continue
+            _, _, group = heapq.heappop(self._heap)
+            if version - group.min_version(self.policy) > max_staleness:
+                on_drop(group)
+            else:
+                batch.append(group)
+        return batch
+
+    def stale_count(self, version: int, max_staleness: int) -> int:
+        """How many waiting groups are already too stale for `version` (for metrics)."""
+        return sum(
+            version - g.min_version(self.policy) > max_staleness for _, _, g in self._heap
+        )

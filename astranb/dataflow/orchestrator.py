@@ -1,0 +1,175 @@
+"""The rollout side of a run: play groups of episodes under the staleness gate, feed the buffers.
+
+Each worker loops: wait for admission, take the next sample, play `group_size` episodes of it
+concurrently, then hand the group to every policy's buffer. A group whose rewards are all equal
+for every policy that filters (dynamic sampling) is dropped here, and so are failed episodes; a
+failed episode is still recorded. If every episode keeps failing the run stops with the last
+error instead of spinning forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..environment import Environment, EpisodeContext
+from ..policy import Policy
+from ..recorder import Recorder
+from ..types import Trajectory
+from .batcher import has_signal_for, policy_reward
+from .buffer import Buffer, Group
+from .staleness import StalenessGate
+
+__all__ = ["Orchestrator", "RolloutCounters", "EpisodesKeepFailing"]
+
+
+class EpisodesKeepFailing(RuntimeError):
+    """Every recent episode raised: the environment (or engine) is broken, not unlucky."""
+
+
+@dataclass
+class RolloutCounters:
+    """Running totals the trainer loop reads into each metrics row."""
+
+    episodes: int = 0
+    failed: int = 0
+    filtered_groups: int = 0
+    rollout_tokens: int = 0
+    rewards_since_step: list[float] | None = None
+
+    def take_rewards(self) -> list[float]:
+        rewards, self.rewards_since_step = self.rewards_since_step or [], []
+        return rewards
+
+
+class Orchestrator:
+    """Plays episodes for one wired environment.
+
+    Args:
+        env: the environment.
+        wiring: role -> policy.
+        buffers: policy name -> buffer.
+        gate: the run's staleness gate.
+        recorder: where episodes go.
+        group_size: episodes per sample.
+        seed: seed of the sample stream.
+        max_consecutive_failures: stop the run after this many failed episodes in a row.
+    """
+
+    def __init__(
+        self,
+        env: Environment,
+        wiring: Mapping[str, Policy],
+        buffers: Mapping[str, Buffer],
+        gate: StalenessGate,
+        recorder: Recorder,
+        *,
+        group_size: int,
+        seed: int = 0,
+        max_consecutive_failures: int = 64,
+    ):
+        self.env = env
+        self.wiring = dict(wiring)
+        self.buffers = buffers
+        self.gate = gate
+        self.recorder = recorder
+        self.group_size = group_size
+        self.counters = RolloutCounters(rewards_since_step=[])
+        self._samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
+        self._group_ids = itertools.count()
+        self._policies = {p.name: p for p in self.wiring.values()}
+        self._consecutive_failures = 0
+        self._max_failures = max_consecutive_failures
+
+    async def run(self, workers: int) -> None:
+        """Run `workers` group workers until cancelled."""
+        async with anyio.create_task_group() as tg:
+            for _ in range(workers):
+                tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        names = tuple(self._policies)
+        while True:
+            await self.gate.admit(names)
+            try:
+                sample = next(self._samples)
+            except StopIteration:
+                self.gate.release({n: 1 for n in names})
+                return
+            group = await self.play_group(sample)
+            self._deliver(group, names)
+
+    async def play_group(self, sample: Mapping[str, Any]) -> Group:
+        """Play group_size episodes of `sample` concurrently; failed ones are left out."""
+        group_id = next(self._group_ids)
+        admitted = min(p.version for p in self._policies.values())
+        results: list[Trajectory | None] = [None] * self.group_size
+
+        async def play(i: int) -> None:
+            results[i] = await self.play_episode(sample, group_id, admitted)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(self.group_size):
+                tg.start_soon(play, i)
+        ok = tuple(t for t in results if t is not None and t.ok)
+        used = frozenset(turn.policy for t in ok for turn in t.turns)
+        return Group(group_id, ok, admitted, used)
+
+    async def play_episode(self, sample, group_id: int, admitted: int) -> Trajectory:
+        """One episode; an exception becomes a failed, recorded trajectory."""
+        ctx = EpisodeContext(self.env, self.wiring)
+        try:
+            rewards = self.env.rewards_for(await self.env.episode(ctx, sample))
+            traj = Trajectory(sample, tuple(ctx.turns), rewards, group_id, None, admitted)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:
+            traj = Trajectory(sample, tuple(ctx.turns), {}, group_id, traceback.format_exc(), admitted)
+        self._count(traj)
+        return traj
+
+    def _count(self, traj: Trajectory) -> None:
+        c = self.counters
+        c.episodes += 1
+        c.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
+        first = next(iter(self._policies.values()))
+        self.recorder.add_episode(traj, first.version)
+        if traj.ok:
+            self._consecutive_failures = 0
+            c.rewards_since_step.append(sum(traj.rewards.values()) / len(traj.rewards))
+            return
+        c.failed += 1
+        self._consecutive_failures += 1
+        if self._consecutive_failures >= self._max_failures:
+            raise EpisodesKeepFailing(
+                f"the last {self._consecutive_failures} episodes of {self.env.name} all failed; "
+                f"fix the environment (run.episodes[-1].show() has the full trace). "
+                f"Last error:\n{traj.error}"
+            )
+
+    def _deliver(self, group: Group, names: tuple[str, ...]) -> None:
+        """Put the group in the buffer of each policy that can learn from it; release the rest."""
+        release = {}
+        for name in names:
+            policy = self._policies[name]
+            useful = name in group.policies and (
+                not policy.algorithm.filter_groups or has_signal_for(group, name)
+            )
+            if useful and _enough(group, name):
+                self.buffers[name].put(group)
+            else:
+                release[name] = 1
+        if len(release) == len(names):
+            self.counters.filtered_groups += 1
+        if release:
+            self.gate.release(release)
+
+
+def _enough(group: Group, policy: str) -> bool:
+    """A group needs two scored episodes for a group-relative advantage to mean anything."""
+    return sum(policy_reward(t, policy) is not None for t in group.trajectories) >= 2

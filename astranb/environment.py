@@ -1,0 +1,138 @@
+"""Environments: what an agent does in one episode, and the context it does it through.
+
+An environment declares its `roles` and writes one coroutine, `episode(ctx, sample)`, that drives
+turns with `await ctx.generate(role, prompt)` and returns a reward (a float for every role, or a
+dict role -> float). Everything the episode generates is recorded on the context, so the episode
+can be trained on, replayed and stepped through. An exception in `episode` fails that episode
+only; the run records it and goes on.
+
+    class Echo(Environment):
+        roles = ("solver",)
+
+        def samples(self, seed=0):
+            while True:
+                yield {"prompt": "say 7:", "answer": "7"}
+
+        async def episode(self, ctx, sample):
+            out = await ctx.generate("solver", sample["prompt"], max_new_tokens=2)
+            return float(out.text.strip() == sample["answer"])
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .types import Generation, GenerationRequest, SamplingParams, Turn
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+__all__ = ["Environment", "EpisodeContext"]
+
+
+class Environment(ABC):
+    """Base class of every environment. Subclasses set `roles` and implement two methods."""
+
+    roles: tuple[str, ...] = ("policy",)
+    """Names of the agents that act in an episode; each is wired to a policy."""
+
+    sampling: SamplingParams = SamplingParams()
+    """Default sampling settings for generate() calls (per-call keywords override them)."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @abstractmethod
+    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
+        """Training samples (dicts); may be endless. Same seed, same order."""
+
+    @abstractmethod
+    async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> Any:
+        """Play one episode; return a float (every role gets it) or a dict role -> float."""
+
+    def rewards_for(self, result: Any) -> dict[str, float]:
+        """Turn episode()'s return value into a reward per role, with a clear error if malformed."""
+        if isinstance(result, Mapping):
+            missing = set(self.roles) - set(result)
+            if missing:
+                raise ValueError(
+                    f"{self.name}.episode returned rewards for {sorted(result)} but roles "
+                    f"{sorted(missing)} have none; return a reward for every role in {self.roles}"
+                )
+            return {role: float(result[role]) for role in self.roles}
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            return {role: float(result) for role in self.roles}
+        raise TypeError(
+            f"{self.name}.episode must return a float or a dict role -> float, got {result!r}"
+        )
+
+
+class EpisodeContext:
+    """The handle an episode acts through: generate per role, and a record of every turn."""
+
+    def __init__(self, env: Environment, wiring: Mapping[str, Policy]):
+        self.env = env
+        self._wiring = dict(wiring)
+        self.turns: list[Turn] = []
+        """Every generate() call so far, in order."""
+
+    def tokenizer(self, role: str):
+        """The tokenizer of the policy wired to `role`."""
+        return self._policy(role).tokenizer
+
+    async def generate(
+        self, role: str, prompt: str | Sequence[int], **sampling: Any
+    ) -> Generation:
+        """Sample one completion from the policy wired to `role` and record it.
+
+        Args:
+            role: one of the environment's roles.
+            prompt: text (tokenized with the policy's tokenizer) or token ids.
+            **sampling: SamplingParams fields (temperature, top_p, max_new_tokens, stop_token_ids)
+                overriding the environment's defaults. The tokenizer's EOS always stops.
+
+        Returns:
+            The Generation, with per-token logprobs and weight versions.
+        """
+        policy = self._policy(role)
+        params = self._sampling(policy, sampling)
+        if isinstance(prompt, str):
+            prompt_ids = tuple(policy.tokenizer.encode(prompt))
+        else:
+            prompt_ids = tuple(int(t) for t in prompt)
+        if not prompt_ids:
+            raise ValueError(f"role {role!r}: empty prompt; pass text or at least one token id")
+        generation = await policy.engine.generate(GenerationRequest(prompt_ids, params))
+        self.turns.append(Turn(role, policy.name, generation, params))
+        return generation
+
+    def _policy(self, role: str) -> Policy:
+        try:
+            return self._wiring[role]
+        except KeyError:
+            raise KeyError(
+                f"role {role!r} is not wired; {self.env.name} has roles {self.env.roles} "
+                f"and the session wired {sorted(self._wiring)}"
+            ) from None
+
+    def _sampling(self, policy: Policy, overrides: Mapping[str, Any]) -> SamplingParams:
+        defaults = self.env.sampling
+        fields = {
+            "temperature": defaults.temperature,
+            "top_p": defaults.top_p,
+            "max_new_tokens": defaults.max_new_tokens,
+            "stop_token_ids": defaults.stop_token_ids,
+        }
+        unknown = set(overrides) - set(fields)
+        if unknown:
+            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(fields)}")
+        fields.update(overrides)
+        stop = tuple(fields["stop_token_ids"])
+        eos = policy.tokenizer.eos_token_id
+        if eos is not None and eos not in stop:
+            stop = (*stop, eos)
+        fields["stop_token_ids"] = stop
+        return SamplingParams(**fields)

@@ -1,0 +1,48 @@
+"""Find environments by name.
+
+Environment packages register a class under the `astranb.environments` entry-point group, so a
+researcher's own environment becomes loadable by name with one line in its pyproject.toml:
+
+    [project.entry-points."astranb.environments"]
+    my_env = "my_package:MyEnvironment"
+
+The environments shipped in this repository live under `environments/` (one installable folder
+each); `make setup` installs them.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from .environment import Environment
+
+__all__ = ["load", "available"]
+
+GROUP = "astranb.environments"
+
+
+def available() -> list[str]:
+    """Names of the installed environments."""
+    return sorted({ep.name for ep in entry_points(group=GROUP)})
+
+
+def load(name: str, **kwargs: Any) -> Environment:
+    """Build the environment registered as `name`, passing `kwargs` to its constructor.
+
+    Raises:
+        ValueError: no installed environment has that name (the message lists those that do).
+    """
+    matches = [ep for ep in entry_points(group=GROUP) if ep.name == name]
+    if not matches:
+        names = ", ".join(available()) or "none"
+        raise ValueError(
+            f"unknown environment {name!r}; installed: {names}. Install the environment's "
+            f"package (in this repo: pip install -e environments/{name}) or pass an "
+            "Environment instance instead of a name."
+        )
+    cls = matches[0].load()
+    env = cls(**kwargs)
+    if not isinstance(env, Environment):
+        raise TypeError(f"entry point {name!r} built {env!r}, which is not an astranb Environment")
+    return env

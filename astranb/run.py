@@ -1,0 +1,241 @@
+"""A handle on a training run that executes in the session's background loop.
+
+`session.train(...)` returns a Run at once. The notebook stays free: inspect `run.metrics` or
+`run.episodes` while it trains, `await run` (JupyterLab: the kernel keeps handling widget clicks)
+or `run.wait()` (scripts, papermill) to block until it ends. Both re-raise an error from the
+background and show a progress bar in the waiting cell; `run.stop()` cancels the run cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .recorder import Episode, Recorder
+
+if TYPE_CHECKING:
+    import pandas
+
+__all__ = ["Run", "RunConfig"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What `session.train` was asked for, validated."""
+
+    steps: int
+    """Train steps per policy."""
+    batch_size: int
+    """Episodes per train step (a multiple of group_size)."""
+    group_size: int
+    """Episodes per sample; advantages are normalised within a group."""
+    max_staleness: int
+    """Largest allowed `trainer version - oldest token version` of a trained sample."""
+    order: str = "edf"
+    """Buffer order: "edf" (oldest tokens first) or "fifo"."""
+    seed: int = 0
+    """Seed of the sample stream."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "group_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size={self.group_size}: group-relative advantages need at least 2 "
+                "episodes per sample; use group_size >= 2 (8 is a good default)"
+            )
+        if self.batch_size % self.group_size:
+            lower = self.batch_size - self.batch_size % self.group_size
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
+                f"use batch_size={max(lower, self.group_size)} or "
+                f"{lower + self.group_size}"
+            )
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be an integer >= 0, got {self.max_staleness!r}: 0 trains "
+                "synchronously on fresh samples only, >= 1 lets rollouts run ahead of training"
+            )
+        if self.order not in ("edf", "fifo"):
+            raise ValueError(f"order must be 'edf' or 'fifo', got {self.order!r}")
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.batch_size // self.group_size
+
+
+class Run:
+    """A running (or finished) training run. Created by `Session.train`."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        recorder: Recorder,
+        future: concurrent.futures.Future,
+        stop: Callable[[], None],
+        policies: list[str],
+    ):
+        self.config = config
+        self.directory: Path = recorder.directory
+        self._recorder = recorder
+        self._future = future
+        self._stop = stop
+        self._policies = policies
+        self._stopped = False
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """"running", "finished", "stopped" or "failed"."""
+        if not self._future.done():
+            return "running"
+        if self._stopped:
+            return "stopped"
+        return "failed" if self._future.exception() else "finished"
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the run, if any."""
+        return self._future.exception() if self._future.done() else None
+
+    @property
+    def metrics(self) -> pandas.DataFrame:
+        """One row per (policy, step): rewards, staleness, buffer, drops, loss, timings."""
+        import pandas as pd
+
+        return pd.DataFrame(self._recorder.rows)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        """Every finished episode so far (failed ones included), in completion order."""
+        return self._recorder.episodes
+
+    def on_event(self, observer: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Subscribe an observer to "metrics" rows and "episode" records (see Recorder)."""
+        return self._recorder.on_event(observer)
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(steps done, steps in total) over all policies."""
+        return len(self._recorder.rows), self.config.steps * len(self._policies)
+
+    # -- control -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Cancel the run; already collected metrics and episodes stay."""
+        if not self._future.done():
+            self._stopped = True
+            self._stop()
+
+    def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
+        """Block until the run ends; re-raise its error. Shows a progress bar unless told not to."""
+        with _Progress(self, progress) as bar:
+            deadline = None if timeout is None else _now() + timeout
+            while not self._future.done():
+                if deadline is not None and _now() >= deadline:
+                    raise TimeoutError(f"run still {self.status} after {timeout} s")
+                concurrent.futures.wait([self._future], timeout=0.2)
+                bar.update()
+        return self._result()
+
+    def __await__(self):
+        return self._await().__await__()
+
+    async def _await(self) -> Run:
+        with _Progress(self, True) as bar:
+            while not self._future.done():
+                await asyncio.sleep(0.2)
+                bar.update()
+        return self._result()
+
+    def _result(self) -> Run:
+        if self._stopped:
+            return self
+        error = self._future.exception()
+        if error is not None:
+            raise error
+        return self
+
+    # -- views ---------------------------------------------------------------------------------
+    def plot(self, path: str | Path | None = None):
+        """Reward and staleness per step (matplotlib); saved to `path` when given."""
+        import matplotlib.pyplot as plt
+
+        df = self.metrics
+        fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(10, 3.5))
+        for name, part in df.groupby("policy") if len(df) else []:
+            ax_r.plot(part["step"], part["reward"], label=f"{name} reward")
+            ax_s.plot(part["step"], part["staleness_mean"], label=f"{name} mean")
+            ax_s.plot(part["step"], part["staleness_max"], "--", label=f"{name} max")
+        ax_r.set(xlabel="step", ylabel="mean episode reward", ylim=(-0.02, 1.02))
+        ax_s.set(xlabel="step", ylabel="staleness (versions)")
+        for ax in (ax_r, ax_s):
+            ax.grid(alpha=0.3)
+            ax.legend(loc="best", fontsize=8)
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=100)
+        return fig
+
+    def summary(self) -> dict[str, float]:
+        """Headline numbers: final reward (mean over the last 10% of steps), steps, time."""
+        df = self.metrics
+        if df.empty:
+            return {"steps": 0}
+        tail = df.groupby("policy").tail(max(1, math.ceil(self.config.steps / 10)))
+        return {
+            "steps": int(df["step"].max()) + 1,
+            "reward_last_10pct": float(tail["reward"].mean()),
+            "seconds": float(df["time"].max()),
+            "episodes": int(df["episodes"].max()),
+            "staleness_max": int(df["staleness_max"].max()),
+        }
+
+    def __repr__(self) -> str:
+        done, total = self.progress
+        return f"Run({self.status}, {done}/{total} steps, dir={str(self.directory)!r})"
+
+
+class _Progress:
+    """A tqdm bar in the waiting cell (never touched from background threads)."""
+
+    def __init__(self, run: Run, enabled: bool):
+        self.run, self.enabled, self.bar = run, enabled, None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            done, total = self.run.progress
+            self.bar = tqdm(total=total, initial=done, desc="training", unit="step")
+        return self
+
+    def update(self) -> None:
+        if self.bar is None:
+            return
+        done, _ = self.run.progress
+        rows = self.run._recorder.rows
+        if rows:
+            last = rows[-1]
+            self.bar.set_postfix(reward=f"{last['reward']:.2f}", stale=last["staleness_max"])
+        self.bar.update(done - self.bar.n)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.update()
+            self.bar.close()
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

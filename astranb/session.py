@@ -1,0 +1,285 @@
+"""The Session: owns policies, wiring, and the background event loop every run executes in.
+
+A Session runs its own event loop in a background thread (an anyio blocking portal), so a script,
+papermill and JupyterLab all behave the same way: `train()` returns at once, rollouts and training
+go on while the notebook runs other cells, and heavy torch work stays off the kernel's loop
+(engines decode in their own threads, train steps run in worker threads).
+
+    import astranb as ab
+
+    session = ab.Session("runs/arith")
+    policy = session.policy("solver", model=ab.models.tiny(), algorithm=ab.M2PO())
+    session.wire(ab.environments.load("arithmetic"), solver=policy)
+    run = session.train(steps=200, batch_size=64, group_size=8, max_staleness=4)
+    run.wait()                      # or: await run
+    run.metrics.tail()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+from anyio.from_thread import start_blocking_portal
+
+from . import environments
+from .algorithms import GRPO, Algorithm
+from .dataflow.buffer import Buffer
+from .dataflow.orchestrator import Orchestrator
+from .dataflow.staleness import StalenessGate
+from .engines import HFEngine
+from .environment import Environment, EpisodeContext
+from .models import ModelSpec, resolve
+from .policy import Policy
+from .recorder import Recorder
+from .run import Run, RunConfig
+from .training.local import AdamW, LocalTrainer
+from .training.loop import TrainLoop
+
+__all__ = ["Session"]
+
+ENGINES = ("hf",)
+
+
+class Session:
+    """An experiment: policies, the environments they are wired to, and their runs.
+
+    Args:
+        directory: where runs write metrics, episodes and checkpoints (created if missing).
+        device: torch device for engines and trainers ("cpu", "cuda", ...).
+        torch_threads: intra-op threads per torch worker; default: half the cores (the engine
+            and the trainer run side by side), at least 1.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike = "runs/session",
+        *,
+        device: str = "cpu",
+        torch_threads: int | None = None,
+    ):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.device = device
+        self.policies: dict[str, Policy] = {}
+        self._wiring: list[tuple[Environment, dict[str, Policy]]] = []
+        self._runs: list[Run] = []
+        self._stack = ExitStack()
+        self._portal = None
+        threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
+        torch.set_num_threads(threads)
+
+    # -- building --------------------------------------------------------------------------------
+    def policy(
+        self,
+        name: str,
+        model: ModelSpec | str | os.PathLike,
+        *,
+        engine: str = "hf",
+        algorithm: Algorithm | None = None,
+        optimizer: AdamW | None = None,
+        max_batch_size: int = 64,
+        seed: int = 0,
+    ) -> Policy:
+        """Create a policy: a rollout engine and a trainer over two copies of `model`.
+
+        Args:
+            name: unique name (metrics and wiring use it).
+            model: `models.tiny(...)`, `models.local(path)` or a local model directory.
+            engine: rollout engine; "hf" (torch continuous batching) in this process.
+            algorithm: GRPO() (default) or M2PO(...).
+            optimizer: AdamW(...) settings.
+            max_batch_size: most sequences the engine decodes at once.
+            seed: sampling seed of the engine.
+        """
+        if name in self.policies:
+            raise ValueError(f"a policy named {name!r} exists already; pick another name")
+        if engine not in ENGINES:
+            raise ValueError(
+                f"engine={engine!r} is not available here; use one of {ENGINES} "
+                "(SGLang engines are served by `astranb serve rollout` on a GPU host)"
+            )
+        spec = resolve(model)
+        algorithm = algorithm or GRPO()
+        optimizer = optimizer or AdamW()
+        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
+                       seed=seed, name=name)
+        trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
+        self._stack.callback(eng.close)
+        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer)
+        self.policies[name] = policy
+        return policy
+
+    def wire(self, env: Environment | str, **roles: Policy) -> Environment:
+        """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`."""
+        if isinstance(env, str):
+            env = environments.load(env)
+        if not isinstance(env, Environment):
+            raise TypeError(f"wire() takes an Environment or a registered name, got {env!r}")
+        unknown = set(roles) - set(env.roles)
+        if unknown:
+            raise ValueError(
+                f"{env.name} has no role(s) {sorted(unknown)}; its roles are {env.roles}"
+            )
+        for role, policy in roles.items():
+            if not isinstance(policy, Policy) or self.policies.get(policy.name) is not policy:
+                raise TypeError(f"role {role!r} must be wired to a policy of this session")
+        self._wiring = [(e, w) for e, w in self._wiring if e is not env]
+        self._wiring.append((env, dict(roles)))
+        return env
+
+    # -- running ---------------------------------------------------------------------------------
+    def train(
+        self,
+        steps: int,
+        batch_size: int = 64,
+        group_size: int = 8,
+        max_staleness: int = 1,
+        *,
+        order: str = "edf",
+        seed: int = 0,
+    ) -> Run:
+        """Start training in the background and return its Run handle at once.
+
+        Args:
+            steps: train steps per policy.
+            batch_size: episodes per step; a multiple of group_size.
+            group_size: episodes per sample (advantages are normalised within a group).
+            max_staleness: how many versions rollouts may run ahead of training (0: synchronous).
+            order: buffer order, "edf" or "fifo".
+            seed: seed of the sample stream.
+
+        Raises:
+            ValueError: on invalid settings or wiring, before any work starts.
+        """
+        config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed)
+        env, wiring = self._check_ready()
+        index = len(self._runs)
+        recorder = Recorder(
+            self.directory / f"run-{index:03d}",
+            {p.name: _decoder(p) for p in wiring.values()},
+        )
+        scope_box: list[anyio.CancelScope] = []
+        future = self._loop().start_task_soon(self._run_main, config, env, wiring, recorder, scope_box)
+        run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted({p.name for p in wiring.values()}))
+        self._runs.append(run)
+        return run
+
+    def evaluate(self, env: Environment | None = None, n: int = 128, seed: int = 10_000) -> dict[str, float]:
+        """Mean reward per role of `n` episodes with the current weights (nothing is trained)."""
+        env, wiring = self._check_ready() if env is None else (env, self._wiring_of(env))
+        return self._loop().call(self._evaluate, env, wiring, n, seed)
+
+    @property
+    def runs(self) -> list[Run]:
+        return list(self._runs)
+
+    def close(self) -> None:
+        """Stop running runs, close engines and the background loop."""
+        for run in self._runs:
+            run.stop()
+        self._stack.close()
+        self._portal = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _check_ready(self) -> tuple[Environment, dict[str, Policy]]:
+        if not self._wiring:
+            raise ValueError("nothing is wired; call session.wire(env, role=policy) first")
+        if len(self._wiring) > 1:
+            raise ValueError("one environment per run for now; wire a single environment")
+        env, wiring = self._wiring[0]
+        missing = [r for r in env.roles if r not in wiring]
+        if missing:
+            hint = ", ".join(f"{r}=<policy>" for r in missing)
+            raise ValueError(
+                f"role(s) {missing} of {env.name} are not wired; call session.wire(env, {hint})"
+            )
+        running = [r for r in self._runs if not r.done()]
+        if running:
+            raise RuntimeError("a run is still going; await it or call run.stop() first")
+        return env, wiring
+
+    def _wiring_of(self, env: Environment) -> dict[str, Policy]:
+        for e, w in self._wiring:
+            if e is env:
+                return w
+        raise ValueError(f"{env.name} is not wired to this session; call session.wire first")
+
+    def _loop(self):
+        if self._portal is None:
+            self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))
+        return self._portal
+
+    def _cancel(self, scope_box: list[anyio.CancelScope]) -> None:
+        if scope_box and self._portal is not None:
+            self._portal.call(scope_box[0].cancel)
+
+    async def _run_main(self, config, env, wiring, recorder: Recorder, scope_box) -> None:
+        policies = {p.name: p for p in wiring.values()}
+        gate = StalenessGate(policies, config.groups_per_batch, config.max_staleness)
+        buffers = {name: Buffer(name, config.order) for name in policies}
+        orchestrator = Orchestrator(env, wiring, buffers, gate, recorder,
+                                    group_size=config.group_size, seed=config.seed,
+                                    max_consecutive_failures=max(64, 2 * config.batch_size))
+        started = time.perf_counter()
+        loops = [
+            TrainLoop(p, buffers[n], gate, recorder, orchestrator.counters,
+                      p.version + config.steps, config.groups_per_batch,
+                      config.max_staleness, started)
+            for n, p in policies.items()
+        ]
+        try:
+            with anyio.CancelScope() as scope:
+                scope_box.append(scope)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(orchestrator.run, gate.capacity)
+                    async with anyio.create_task_group() as trainers:
+                        for loop in loops:
+                            trainers.start_soon(loop.run)
+                    tg.cancel_scope.cancel()  # all policies trained: stop the rollouts
+        finally:
+            recorder.close()
+
+    async def _evaluate(self, env, wiring, n: int, seed: int) -> dict[str, float]:
+        samples = iter(env.samples(seed))
+        totals: dict[str, list[float]] = {r: [] for r in env.roles}
+        errors: list[str] = []
+
+        async def one(sample: Mapping[str, Any]) -> None:
+            ctx = EpisodeContext(env, wiring)
+            try:
+                rewards = env.rewards_for(await env.episode(ctx, sample))
+            except Exception:
+                errors.append(traceback.format_exc())
+                return
+            for role, value in rewards.items():
+                totals[role].append(value)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one, next(samples))
+        if len(errors) == n:
+            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n{errors[0]}")
+        result = {role: sum(v) / len(v) for role, v in totals.items() if v}
+        if errors:
+            result["failed_episodes"] = float(len(errors))
+        return result
+
+
+def _decoder(policy: Policy):
+    tok = policy.tokenizer
+    return lambda ids: tok.decode(ids, skip_special_tokens=False)

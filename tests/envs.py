@@ -1,0 +1,47 @@
+"""Small environments for the tests (no dataset, no network)."""
+
+from __future__ import annotations
+
+import random
+
+from astranb import Environment, SamplingParams
+
+
+class CountA(Environment):
+    """Reward = fraction of 'a' in an 8-token completion: varied rewards, long generations."""
+
+    roles = ("solver",)
+    sampling = SamplingParams(max_new_tokens=8)
+
+    def samples(self, seed=0):
+        rng = random.Random(seed)
+        while True:
+            yield {"prompt": rng.choice(["ab=", "ba=", "aa=", "bb="])}
+
+    async def episode(self, ctx, sample):
+        out = await ctx.generate("solver", sample["prompt"])
+        return out.text.count("a") / 8 + 0.01 * len(out.completion_ids)
+
+
+class Flaky(CountA):
+    """Raises in every episode whose sample index is odd-ish: failures mixed with successes."""
+
+    def __init__(self, fail_every: int = 3):
+        self.fail_every = fail_every
+        self.calls = 0
+
+    async def episode(self, ctx, sample):
+        self.calls += 1
+        if self.calls % self.fail_every == 0:
+            raise ValueError("flaky environment: deliberate failure")
+        return await super().episode(ctx, sample)
+
+
+class AlwaysFails(CountA):
+    async def episode(self, ctx, sample):
+        await ctx.generate("solver", sample["prompt"])
+        raise ValueError("broken reward function")
+
+
+class TwoRoles(CountA):
+    roles = ("solver", "verifier")
