@@ -251,6 +251,8 @@ class Session:
                         for loop in loops:
                             trainers.start_soon(loop.run)
                     tg.cancel_scope.cancel()  # all policies trained: stop the rollouts
+        except BaseExceptionGroup as group:
+            raise _root_cause(group) from None
         finally:
             recorder.close()
 
@@ -278,6 +280,21 @@ class Session:
         if errors:
             result["failed_episodes"] = float(len(errors))
         return result
+
+
+def _root_cause(group: BaseExceptionGroup) -> BaseException:
+    """The one error behind nested task-group failures (cancellations it caused left out)."""
+    cancelled = anyio.get_cancelled_exc_class()
+    leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)]
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _leaves(error: BaseException):
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
 
 
 def _decoder(policy: Policy):

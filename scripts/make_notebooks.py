@@ -18,7 +18,7 @@ QUICKSTART = [
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"
-        "steps = 500\n"
+        "steps = 800\n"
         "batch_size = 128\n"
         "group_size = 8\n"
         "max_staleness = 2\n"

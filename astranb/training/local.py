@@ -124,7 +124,7 @@ class LocalTrainer:
         if self.algorithm.entropy_coef:
             loss = loss - self.algorithm.entropy_coef * mean_entropy
         # metrics are per-token means over this micro-batch; step() re-weights them by its tokens
-        metrics["entropy"] = float(mean_entropy) * num_tokens / max(float(mask.sum()), 1.0)
+        metrics["entropy"] = float(mean_entropy.detach()) * num_tokens / max(float(mask.sum()), 1.0)
         loss.backward()
         return loss.detach(), metrics
 

@@ -1,0 +1,270 @@
+"""A slot-based, right-aligned KV cache that lets requests join and leave a running decode batch.
+
+Every row of the batch keeps its keys/values in one preallocated buffer per layer, shaped
+[rows, kv_heads, columns, head_dim]. All rows end at the same column `end`, so one decode step
+writes the new token of every row into column `end` with a single slice assignment; shorter rows
+simply start further right (left padding), and the attention mask hides the columns before a row's
+`start`. Because a row's start column never moves while it decodes, nothing per-row changes
+between steps: the position of a row's next token is `end - start`.
+
+    columns:      0 1 2 3 4 5 6 7 | end
+    row 0 (long)  a a a a a a a a |      start 0
+    row 1 (short) . . . . . b b b |      start 5 (masked before)
+
+A joining request is prefilled on its own (right padded, so no query row is ever fully masked and
+no NaN can reach the buffer) and shifted into place. A leaving request's slot is refilled by moving
+the last row into it, so live rows stay contiguous in [0, n). Columns left of every live row's
+start are simply not shown to the model (the window starts at min(start)), which trims padding for
+free when a long request leaves.
+
+The model sees the buffer through `SlotCache`, a transformers `Cache` whose layers write into the
+buffer and return views; it never copies the whole cache per step, unlike `DynamicCache`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+
+__all__ = ["SlotKV"]
+
+_MIN_GROWTH = 64  # columns added past what is needed when the buffer is (re)allocated
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's view of `SlotKV`: writes new keys at column `end` and returns the live window."""
+
+    is_sliding = False
+
+    def __init__(self, owner: "SlotKV", layer: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer = layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # buffers are preallocated
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        owner, n, end = self.owner, self.owner.n, self.owner.end
+        q = key_states.shape[-2]
+        keys, values = owner.keys[self.layer], owner.values[self.layer]
+        keys[:n, :, end : end + q] = key_states
+        values[:n, :, end : end + q] = value_states
+        return keys[:n, :, owner.start : end + q], values[:n, :, owner.start : end + q]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.width
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class SlotCache(Cache):
+    """The transformers `Cache` the model is called with during decode steps."""
+
+    def __init__(self, owner: "SlotKV", num_layers: int) -> None:
+        super().__init__(layers=[_SlotLayer(owner, i) for i in range(num_layers)])
+
+
+class SlotKV:
+    """KV buffers plus the column bookkeeping of a continuous batch.
+
+    Args:
+        model: the causal LM (probed once for its per-layer KV shapes).
+        max_rows: most rows ever live at once.
+        device: where buffers live.
+    """
+
+    def __init__(self, model, max_rows: int, device: torch.device) -> None:
+        self.model = model
+        self.max_rows = max_rows
+        self.device = device
+        self.shapes = _probe_kv_shapes(model, device)
+        self.n = 0
+        """Live rows, always rows [0, n)."""
+        self.end = 0
+        """Column where the next decode step writes; every live row's data ends just before it."""
+        self.starts: list[int] = []
+        """First column of each live row's data (python copy, for cheap min())."""
+        self.start_R = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.start = 0
+        """Window start: min(starts), or end when no row is live."""
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._alloc(_MIN_GROWTH)
+        self.cache = SlotCache(self, len(self.shapes))
+
+    # -- geometry ---------------------------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        """Columns the model attends to before the new token."""
+        return self.end - self.start
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids [n, 1] and attention mask [n, width + 1] for the next decode step."""
+        if self.end >= self.capacity:
+            self._relayout(self.width)
+        start_B = self.start_R[: self.n]
+        position_ids_B_1 = (self.end - start_B).unsqueeze(1)
+        cols_W = self._cols[self.start : self.end + 1]
+        mask_B_W = cols_W.unsqueeze(0) >= start_B.unsqueeze(1)
+        return position_ids_B_1, mask_B_W
+
+    def advance(self) -> None:
+        """Account for the token column every live row has just written."""
+        self.end += 1
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def admit(self, cached: Sequence[Sequence[int]]) -> None:
+        """Append rows [n, n + k) whose caches hold `cached[i]` (prefilled here, in one batch).
+
+        Args:
+            cached: token ids each new row has already seen (may be empty).
+        """
+        k = len(cached)
+        if self.n + k > self.max_rows:
+            raise RuntimeError(f"SlotKV holds at most {self.max_rows} rows")
+        lengths = [len(c) for c in cached]
+        longest = max(lengths, default=0)
+        kv = _prefill(self.model, cached, self.device) if longest else None
+        if longest > self.end:
+            self._relayout(longest)
+        rows = slice(self.n, self.n + k)
+        if kv is not None:
+            self._place(rows, kv, lengths, longest)
+        new_starts = [self.end - c for c in lengths]
+        self.start_R[rows] = torch.tensor(new_starts, dtype=torch.long).to(self.device)
+        self.starts.extend(new_starts)
+        self.n += k
+        self.start = min(self.starts)
+
+    def remove(self, rows: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Drop rows and refill the holes from the tail so live rows stay contiguous.
+
+        Returns:
+            (holes, movers): row `movers[i]` now lives at `holes[i]`; callers move their own
+            per-row state the same way.
+        """
+        gone = set(rows)
+        n_left = self.n - len(gone)
+        holes = sorted(r for r in gone if r < n_left)
+        movers = [r for r in range(n_left, self.n) if r not in gone]
+        if holes:
+            dst = torch.tensor(holes, device=self.device)
+            src = torch.tensor(movers, device=self.device)
+            for buf in (*self.keys, *self.values):
+                window = buf[:, :, self.start : self.end]
+                window[dst] = window[src]
+            self.start_R[dst] = self.start_R[src]
+            for h, m in zip(holes, movers):
+                self.starts[h] = self.starts[m]
+        del self.starts[n_left:]
+        self.n = n_left
+        self.start = min(self.starts, default=self.end)
+        return holes, movers
+
+    def reset(self) -> None:
+        """Forget every row (buffers are kept)."""
+        self.n, self.end, self.start, self.starts = 0, 0, 0, []
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _alloc(self, columns: int) -> None:
+        """Fresh zeroed buffers with at least `columns` columns."""
+        # Zeros, not empty: masked columns still enter the attention matmul (with weight 0), and
+        # 0 * NaN from uninitialised memory would poison every row.
+        columns = -(-columns // _MIN_GROWTH) * _MIN_GROWTH
+        self.keys = [
+            torch.zeros(self.max_rows, h, columns, d, dtype=dt, device=self.device)
+            for h, d, dt in self.shapes
+        ]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self._cols = torch.arange(columns + 1, device=self.device)
+
+    def _relayout(self, new_end: int) -> None:
+        """Move the live window so it ends at `new_end`, growing the buffers only if needed.
+
+        Columns outside the window keep stale values; those are always finite (zeros or real
+        keys/values), so the mask hides them exactly and no re-zeroing is needed.
+        """
+        n, width, old_start, old_end = self.n, self.width, self.start, self.end
+        new_end = max(new_end, width)
+        windows = [buf[:n, :, old_start:old_end].clone() for buf in (*self.keys, *self.values)]
+        needed = new_end + max(new_end, _MIN_GROWTH)  # doubling keeps relayouts rare
+        if needed > self.capacity:
+            self.keys = self.values = []  # drop the old buffers before allocating the new ones
+            self._alloc(needed)
+        for buf, window in zip((*self.keys, *self.values), windows):
+            buf[:n, :, new_end - width : new_end] = window
+        shift = new_end - old_end
+        self.start_R[:n] += shift
+        self.starts = [s + shift for s in self.starts]
+        self.end = new_end
+        self.start = old_start + shift if n else new_end
+
+    def _place(self, rows: slice, kv: list[tuple[torch.Tensor, torch.Tensor]], lengths, longest):
+        """Copy right-padded prefill KV into rows, right-aligned so every row ends at `end`."""
+        lengths_K = torch.tensor(lengths, device=self.device)
+        # Destination column t (of the last `longest`) holds source column t - (longest - len).
+        cols_T = torch.arange(longest, device=self.device)
+        src_K_T = cols_T.unsqueeze(0) - (longest - lengths_K).unsqueeze(1)
+        valid_K_T = src_K_T >= 0
+        src_K_T = src_K_T.clamp(min=0)
+        lo, hi = self.end - longest, self.end
+        for layer, (k, v) in enumerate(kv):
+            index = src_K_T[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            keep = valid_K_T[:, None, :, None]
+            self.keys[layer][rows, :, lo:hi] = torch.where(keep, k.gather(2, index), 0)
+            self.values[layer][rows, :, lo:hi] = torch.where(keep, v.gather(2, index), 0)
+
+
+def _prefill(model, cached: Sequence[Sequence[int]], device) -> list[tuple[torch.Tensor, ...]]:
+    """Run `cached` through the model right padded; return each layer's (keys, values) [K, H, T, D].
+
+    Right padding keeps every real token's causal context free of padding, so plain causal
+    attention (no padding mask) gives the same keys/values as running each row alone.
+    """
+    longest = max(len(c) for c in cached)
+    ids_K_T = torch.zeros(len(cached), longest, dtype=torch.long)
+    for i, c in enumerate(cached):
+        ids_K_T[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    ids_K_T = ids_K_T.to(device)
+    position_ids_K_T = torch.arange(longest, device=device).expand(len(cached), -1)
+    cache = DynamicCache(config=model.config)
+    model(
+        input_ids=ids_K_T,
+        position_ids=position_ids_K_T,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:
+    """(kv_heads, head_dim, dtype) of every layer, read from a one-token forward."""
+    cache = DynamicCache(config=model.config)
+    model(
+        input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    if any(cache.is_sliding) or any(cache.is_linear):
+        raise NotImplementedError(
+            "HFEngine supports full-attention models only (this model has sliding-window or "
+            "linear-attention layers)"
+        )
+    return [(layer.keys.shape[1], layer.keys.shape[3], layer.keys.dtype) for layer in cache.layers]

@@ -1,0 +1,454 @@
+"""HFEngine: a continuous-batching rollout engine over any Hugging Face causal LM, in one thread.
+
+The engine owns one worker thread that runs the decode loop; callers (notebook cells, asyncio
+tasks, scripts) only enqueue work and wait on futures, so heavy torch work never runs on their
+thread or event loop. Between two decode steps the worker:
+
+1. applies queued weight updates (in place), bumps the version and re-prefills every in-flight
+   request under the new weights, so each later token is a function of the new weights only;
+2. drops requests whose future was cancelled (an asyncio task awaiting `generate` was cancelled);
+3. admits queued requests into free slots (FIFO), prefilling them together;
+4. runs one decode step for the whole batch, samples, and finishes requests that stopped.
+
+    engine = HFEngine(models.tiny(), max_batch_size=8)
+    gen = await engine.generate(GenerationRequest(prompt_ids=(1, 5, 6)))  # or engine.submit(...)
+    gen.completion_ids, gen.logprobs, gen.versions
+    engine.update_weights(WeightUpdate("policy", version=1, state=trainer_state)).result()
+    engine.close()
+
+The running batch lives in `_batch`, its KV cache in `_kvbatch`, sampling in `_sampling`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from ..models import ModelSpec
+from ..types import Generation, GenerationRequest, WeightUpdate
+from ._batch import DecodeBatch, Row
+
+__all__ = ["HFEngine", "EngineStats"]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's counters."""
+
+    version: int
+    """Weight version the next token will be sampled with."""
+    steps: int
+    """Decode steps run so far."""
+    tokens_generated: int
+    """Tokens sampled so far (all requests)."""
+    prefill_tokens: int
+    """Tokens run through prefill so far (joins and re-prefills after updates)."""
+    active: int
+    """Requests in the running batch."""
+    queued: int
+    """Requests waiting for a slot."""
+    paused: bool
+    """Whether pause() is in effect."""
+
+
+class HFEngine:
+    """Continuous-batching rollout engine with in-flight weight updates.
+
+    Args:
+        spec: model recipe; the engine builds its own copy.
+        device: torch device for the model and KV cache.
+        dtype: model dtype.
+        max_batch_size: most requests decoded together; the rest queue FIFO.
+        seed: seed of the engine's sampling generator.
+        version: weight version of the initial weights.
+        name: policy name; weight updates for another policy are rejected.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        name: str = "policy",
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.spec, self.name, self.seed = spec, name, seed
+        self.device, self.dtype = torch.device(device), dtype
+        self.max_batch_size = max_batch_size
+        self.tokenizer = spec.tokenizer()
+        self._model = _build_model(spec, dtype, self.device)
+        self._vocab_size = self._model.get_input_embeddings().num_embeddings
+        # Detached aliases of every parameter/buffer: copy_ into them updates the model in place.
+        self._targets = self._model.state_dict()
+        self._alias_groups = _alias_groups(self._targets)
+        self._version = version
+        self._weights_lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._queue: deque[Row] = deque()
+        self._joining: list[Row] = []  # left the queue, being prefilled
+        self._batch: DecodeBatch | None = None  # built by the worker thread
+        self._updates: deque[tuple[WeightUpdate, Future]] = deque()
+        self._updating = self._paused = self._held = self._prune = False
+        self._closing = self._closed = False
+        self._dead: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._steps = self._tokens = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> "HFEngine":
+        """Start the worker thread (idempotent). Returns self."""
+        with self._cv:
+            self._check_open()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"astranb-hf-{self.name}", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop after the current step and join the worker (idempotent).
+
+        Requests and updates still pending fail with RuntimeError.
+        """
+        with self._cv:
+            if self._closed:
+                return
+            self._closing = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cv:
+            self._closed = True
+
+    def __enter__(self) -> "HFEngine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "HFEngine":
+        return self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await asyncio.to_thread(self.close)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """Queue a request (thread-safe). Returns a Future resolving to its Generation."""
+        self._check_request(request)
+        future: Future = Future()
+        future.add_done_callback(self._on_done)
+        with self._cv:
+            self._check_open()
+            self._queue.append(Row(request, future, list(request.prompt_ids)))
+            self._cv.notify_all()
+        self.start()
+        return future
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Generate one completion; cancelling the awaiting task drops the request."""
+        return await asyncio.wrap_future(self.submit(request))
+
+    def generate_many(self, requests: Iterable[GenerationRequest]) -> list[Generation]:
+        """Submit every request, wait for all (blocking convenience for scripts and benchmarks)."""
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def update_weights(self, update: WeightUpdate) -> Future:
+        """Queue a weight update, applied between decode steps. Returns a Future[None].
+
+        In-flight requests continue under the new weights (their caches are rebuilt), so every
+        token sampled after the update carries `update.version`.
+        """
+        future: Future = Future()
+        with self._cv:
+            self._check_open()
+            self._updates.append((update, future))
+            self._cv.notify_all()
+        self.start()
+        return future
+
+    async def aupdate_weights(self, update: WeightUpdate) -> None:
+        """Async form of update_weights."""
+        await asyncio.wrap_future(self.update_weights(update))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the engine's current weights."""
+        with self._weights_lock:
+            return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+
+    @property
+    def version(self) -> int:
+        """Weight version the next sampled token will carry."""
+        return self._version
+
+    # -- flow control -----------------------------------------------------------------------------
+
+    def pause(self, wait: bool = True) -> None:
+        """Hold decoding after the current step; queued requests wait, updates still apply.
+
+        Args:
+            wait: block until the worker has finished its current step.
+        """
+        with self._cv:
+            self._paused, self._held = True, False
+            self._cv.notify_all()
+            if wait and self._thread is not None and self._thread is not threading.current_thread():
+                self._cv.wait_for(lambda: self._held or not self._thread.is_alive())
+
+    def resume(self) -> None:
+        """Undo pause()."""
+        with self._cv:
+            self._paused = self._held = False
+            self._cv.notify_all()
+
+    def availability(self) -> int:
+        """Free slots: requests that would start decoding now (0 while paused or updating)."""
+        with self._cv:
+            if self._paused or self._updates or self._updating or self._closing or self._dead:
+                return 0
+            waiting = (*self._live(), *self._joining, *self._queue)
+            busy = sum(not row.future.cancelled() for row in waiting)
+            return max(0, self.max_batch_size - busy)
+
+    def stats(self) -> EngineStats:
+        """Counters, e.g. to wait until some tokens have been generated."""
+        with self._cv:
+            return EngineStats(
+                version=self._version,
+                steps=self._steps,
+                tokens_generated=self._tokens,
+                prefill_tokens=self._batch.prefill_tokens if self._batch else 0,
+                active=len(self._live()),
+                queued=len(self._queue) + len(self._joining),
+                paused=self._paused,
+            )
+
+    # -- caller-side checks -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._dead is not None:
+            message = f"HFEngine {self.name!r} worker died: {self._dead!r}"
+            raise RuntimeError(message) from self._dead
+        if self._closing or self._closed:
+            raise RuntimeError(f"HFEngine {self.name!r} is closed")
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        if not isinstance(request, GenerationRequest):
+            raise TypeError(f"expected a GenerationRequest, got {type(request).__name__}")
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError("prompt_ids must not be empty")
+        if not all(isinstance(t, int) and 0 <= t < self._vocab_size for t in ids):
+            raise ValueError(f"prompt_ids must be ints in [0, {self._vocab_size}), got {ids!r}")
+
+    def _live(self) -> tuple[Row, ...]:
+        return self._batch.rows if self._batch is not None else ()
+
+    def _on_done(self, future: Future) -> None:
+        # Runs on whichever thread cancelled the future: wake the worker so it frees the slot.
+        if future.cancelled():
+            with self._cv:
+                self._prune = True
+                self._cv.notify_all()
+
+    # -- worker thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed)
+                while self._wait_for_work():
+                    self._tick()
+        except BaseException as exc:  # the loop died: nobody may be left waiting
+            self._shutdown(exc, died=True)
+            return
+        closed = RuntimeError(f"HFEngine {self.name!r} closed before the work finished")
+        self._shutdown(closed, died=False)
+
+    def _wait_for_work(self) -> bool:
+        """Block until there is something to do; False once close() was called."""
+        with self._cv:
+            while True:
+                if self._closing:
+                    return False
+                self._held = self._paused
+                self._cv.notify_all()  # pause() may be waiting for _held
+                runnable = not self._paused and (self._batch.rows or self._queue)
+                if self._updates or self._prune or runnable:
+                    return True
+                self._cv.wait()
+
+    def _tick(self) -> None:
+        """Everything the worker does between two decode steps, then one step."""
+        with self._cv:
+            updates = list(self._updates)
+            self._updates.clear()
+            self._updating = bool(updates)
+            paused, prune, self._prune = self._paused, self._prune, False
+        for update, future in updates:
+            self._apply_update(update, future)
+        with self._cv:
+            self._updating = False
+        if prune:
+            self._drop_cancelled()
+        if paused:
+            return
+        self._admit()
+        if self._batch.rows:
+            try:
+                finished = self._batch.step(self._version)
+            except Exception as exc:
+                self._fail_rows(self._batch.clear(), exc)
+                return
+            self._steps += 1
+            self._tokens += len(self._batch.rows) + len(finished)
+            for row, reason in finished:
+                _settle(row.future, result=self._generation(row, reason))
+
+    def _admit(self) -> None:
+        """Move queued requests into free slots (FIFO) and prefill them together."""
+        with self._cv:
+            while self._queue and len(self._joining) < self._batch.free:
+                row = self._queue.popleft()
+                if not row.future.cancelled():
+                    self._joining.append(row)
+            joiners = self._joining
+        if not joiners:
+            return
+        try:
+            self._batch.admit(joiners)
+        except Exception as exc:
+            self._fail_rows(joiners, exc)
+        finally:
+            with self._cv:
+                self._joining = []
+
+    def _generation(self, row: Row, finish_reason: str) -> Generation:
+        completion = tuple(row.completion)
+        return Generation(
+            prompt_ids=tuple(row.request.prompt_ids),
+            completion_ids=completion,
+            logprobs=tuple(row.logprobs),
+            versions=tuple(row.versions),
+            finish_reason=finish_reason,
+            text=self.tokenizer.decode(list(completion), skip_special_tokens=True),
+        )
+
+    def _drop_cancelled(self) -> None:
+        with self._cv:
+            self._queue = deque(r for r in self._queue if not r.future.cancelled())
+        self._batch.remove(row for row in self._batch.rows if row.future.cancelled())
+
+    @staticmethod
+    def _fail_rows(rows, exc: BaseException) -> None:
+        """A batched forward failed: every row in it shares the failure; the engine goes on."""
+        for row in rows:
+            _settle(row.future, exc=exc)
+
+    # -- weight updates (worker side) -------------------------------------------------------------
+
+    def _apply_update(self, update: WeightUpdate, future: Future) -> None:
+        try:
+            self._check_update(update)
+            with self._weights_lock, torch.no_grad():
+                for name, tensor in update.state.items():
+                    self._targets[name].copy_(tensor)
+        except Exception as exc:
+            _settle(future, exc=exc)
+            return
+        self._version = update.version
+        # Rebuild every in-flight cache, so no later token depends on the old weights.
+        rows = self._batch.rows
+        try:
+            self._batch.rebuild()
+        except Exception as exc:
+            self._fail_rows(rows, exc)
+        _settle(future, result=None)
+
+    def _check_update(self, update: WeightUpdate) -> None:
+        """Validate names and shapes before touching the model, so a bad update changes nothing."""
+        if not isinstance(update, WeightUpdate):
+            raise TypeError(f"expected a WeightUpdate, got {type(update).__name__}")
+        if update.policy != self.name:
+            raise ValueError(
+                f"update is for policy {update.policy!r}, this engine serves {self.name!r}"
+            )
+        unknown = sorted(set(update.state) - set(self._targets))
+        if unknown:
+            raise ValueError(f"weight update has names the model does not: {unknown[:5]}")
+        missing = [g[0] for g in self._alias_groups if not any(n in update.state for n in g)]
+        if missing:
+            raise ValueError(f"weight update is missing model weights: {missing[:5]}")
+        for name, tensor in update.state.items():
+            if not isinstance(tensor, torch.Tensor):
+                kind = type(tensor).__name__
+                raise ValueError(f"weight update entry {name!r} is not a tensor: {kind}")
+            expected, got = tuple(self._targets[name].shape), tuple(tensor.shape)
+            if got != expected:
+                raise ValueError(
+                    f"weight update shape mismatch for {name!r}: expected {expected}, got {got}"
+                )
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def _shutdown(self, exc: BaseException, *, died: bool) -> None:
+        """Fail everything still pending (the worker is exiting)."""
+        with self._cv:
+            if died:
+                self._dead = exc
+            pending = [r.future for r in (*self._live(), *self._joining, *self._queue)]
+            pending += [f for _, f in self._updates]
+            if self._batch is not None:
+                self._batch.rows = ()
+            self._joining, self._queue = [], deque()
+            self._updates.clear()
+            self._held = True
+            self._cv.notify_all()
+        for future in pending:
+            _settle(future, exc=exc)
+
+
+def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
+    model = spec.build(dtype=dtype, device=device)
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        model.set_attn_implementation("flash_attention_2")  # untested here (no CUDA in CI)
+    return model.requires_grad_(False)
+
+
+def _alias_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Names grouped by the storage they share (tied weights count once)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, tensor in targets.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def _settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:
+    """Resolve a future unless its caller already cancelled it."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # cancelled meanwhile: nobody is waiting
+        pass

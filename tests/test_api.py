@@ -1,0 +1,43 @@
+"""Pin the public facade: the names users import and the main signatures."""
+
+import inspect
+
+import astranb as ab
+
+
+def test_exported_names():
+    assert sorted(ab.__all__) == sorted([
+        "Session", "Policy", "Environment", "EpisodeContext", "Trainer", "LocalTrainer", "Run",
+        "RunConfig", "Episode", "GRPO", "M2PO", "Algorithm", "AdamW", "SamplingParams",
+        "GenerationRequest", "Generation", "Turn", "Trajectory", "WeightUpdate", "models",
+        "environments", "__version__",
+    ])
+    for name in ab.__all__:
+        assert hasattr(ab, name), name
+
+
+def params(fn):
+    return list(inspect.signature(fn).parameters)
+
+
+def test_main_signatures():
+    assert params(ab.Session) == ["directory", "device", "torch_threads"]
+    assert params(ab.Session.policy) == [
+        "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed"]
+    assert params(ab.Session.wire) == ["self", "env", "roles"]
+    assert params(ab.Session.train) == [
+        "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed"]
+    assert params(ab.Run.wait) == ["self", "timeout", "progress"]
+    assert params(ab.models.tiny)[:4] == ["hidden_size", "num_layers", "num_heads", "seed"]
+    assert params(ab.environments.load) == ["name", "kwargs"]
+    assert params(ab.Environment.episode) == ["self", "ctx", "sample"]
+    assert inspect.iscoroutinefunction(ab.Environment.episode)
+    assert inspect.iscoroutinefunction(ab.EpisodeContext.generate)
+    for method in ("step", "weights", "save", "load"):
+        assert callable(getattr(ab.Trainer, method))
+
+
+def test_core_never_imports_widget_libraries():
+    import sys
+
+    assert "ipywidgets" not in sys.modules and "plotly" not in sys.modules
