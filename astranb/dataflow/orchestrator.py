@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import traceback
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -40,10 +40,11 @@ class RolloutCounters:
     failed: int = 0
     filtered_groups: int = 0
     rollout_tokens: int = 0
-    rewards_since_step: list[float] | None = None
+    rewards_since_step: list[float] = field(default_factory=list)
 
     def take_rewards(self) -> list[float]:
-        rewards, self.rewards_since_step = self.rewards_since_step or [], []
+        """Rewards of the episodes finished since the last call (and forget them)."""
+        rewards, self.rewards_since_step = self.rewards_since_step, []
         return rewards
 
 
@@ -79,7 +80,7 @@ class Orchestrator:
         self.gate = gate
         self.recorder = recorder
         self.group_size = group_size
-        self.counters = RolloutCounters(rewards_since_step=[])
+        self.counters = RolloutCounters()
         self._samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
         self._group_ids = itertools.count()
         self._policies = {p.name: p for p in self.wiring.values()}
