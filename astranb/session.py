@@ -283,10 +283,11 @@ class Session:
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:
-    """The one error behind nested task-group failures (cancellations it caused left out)."""
+    """The error behind nested task-group failures (cancellations it caused left out); the
+    group itself when different kinds of error happened together."""
     cancelled = anyio.get_cancelled_exc_class()
     leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)]
-    return leaves[0] if len(leaves) == 1 else group
+    return leaves[0] if len({type(e) for e in leaves}) == 1 else group
 
 
 def _leaves(error: BaseException):

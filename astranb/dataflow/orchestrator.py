@@ -146,7 +146,8 @@ class Orchestrator:
             return
         c.failed += 1
         self._consecutive_failures += 1
-        if self._consecutive_failures >= self._max_failures:
+        # raise once: episodes finishing in the same tick must not each add a copy of the error
+        if self._consecutive_failures == self._max_failures:
             raise EpisodesKeepFailing(
                 f"the last {self._consecutive_failures} episodes of {self.env.name} all failed; "
                 f"fix the environment (run.episodes[-1].show() has the full trace). "
