@@ -10,7 +10,7 @@
     run.metrics          # one row per (policy, step)
 """
 
-from . import environments, models
+from . import environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
 from .environment import Environment, EpisodeContext
 from .policy import Policy
@@ -47,5 +47,6 @@ __all__ = [
     "WeightUpdate",
     "models",
     "environments",
+    "weights",
     "__version__",
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
+
 from dataclasses import dataclass, field
 
 from .algorithms import Algorithm
@@ -16,6 +18,8 @@ from .engines.base import RolloutEngine
 from .models import ModelSpec
 from .training.local import AdamW, LocalTrainer
 from .types import WeightUpdate
+from .weights import WeightTransferError
+from .weights.store import WeightStore
 
 __all__ = ["Policy"]
 
@@ -31,6 +35,7 @@ class Policy:
         optimizer: AdamW settings.
         engine: the rollout engine sampling from the current weights.
         trainer: the trainer updating them.
+        store: the weight store between them.
     """
 
     name: str
@@ -40,17 +45,55 @@ class Policy:
     engine: RolloutEngine
     trainer: LocalTrainer
     tokenizer: object = field(repr=False)
+    store: WeightStore | None = None
+    """Versioned weight store the trainer publishes through (None: plain state copies)."""
+    verify_weights: bool = False
+    """Recompute the engine's weight checksum after every publish (tests; slow on big models)."""
 
     @property
     def version(self) -> int:
         """Weights version: the number of train steps taken."""
         return self.trainer.version
 
-    async def publish(self) -> WeightUpdate:
-        """Send the trainer's current weights to the engine; returns once the engine uses them."""
-        update = WeightUpdate(self.name, self.trainer.version, self.trainer.weights())
-        await asyncio.wrap_future(self.engine.update_weights(update))
-        return update
+    async def publish(self) -> dict[str, float | str]:
+        """Send the trainer's current weights to the engine; returns once the engine uses them.
+
+        With a weight store (the default) the weights travel as a payload: a delta against the
+        engine's version when it holds the previous one, else a full snapshot; a delta that
+        fails to apply (wrong base, corruption) is healed by a full snapshot. Returns transfer
+        metrics for the run's metrics row.
+        """
+        version = self.trainer.version
+        if self.store is None:
+            update = WeightUpdate(self.name, version, self.trainer.weights())
+            await asyncio.wrap_future(self.engine.update_weights(update))
+            return {"transfer_kind": "state"}
+        stats = await anyio.to_thread.run_sync(self.store.publish, version, self.trainer.weights())
+        payload = self.store.pull(self.engine.version, self.engine.weights_checksum)
+        fallback = ""
+        try:
+            applied = await self._send(payload, version)
+        except WeightTransferError as error:
+            fallback = str(error)
+            payload = self.store.pull_full()
+            applied = await self._send(payload, version)
+        metrics = {
+            "transfer_kind": applied["kind"],
+            "transfer_bytes": len(payload),
+            "transfer_ratio": len(payload) / stats.full_bytes,
+            "changed_fraction": stats.changed_fraction,
+            "encode_seconds": stats.encode_seconds,
+            "decode_seconds": applied["apply_seconds"],
+            "transfer_fallback": fallback,
+            "weights_checksum": self.store.checksum,
+        }
+        if self.verify_weights:
+            metrics["engine_checksum"] = self.engine.published_checksum()
+        return metrics
+
+    async def _send(self, payload: bytes, version: int) -> dict:
+        update = WeightUpdate(self.name, version, payload=payload)
+        return await asyncio.wrap_future(self.engine.update_weights(update))
 
     def __repr__(self) -> str:
         return (

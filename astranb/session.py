@@ -42,6 +42,8 @@ from .recorder import Recorder
 from .run import Run, RunConfig
 from .training.local import AdamW, LocalTrainer
 from .training.loop import TrainLoop
+from .types import WeightUpdate
+from .weights.store import WeightStore
 
 __all__ = ["Session"]
 
@@ -87,6 +89,8 @@ class Session:
         optimizer: AdamW | None = None,
         max_batch_size: int = 64,
         seed: int = 0,
+        weight_transfer: str = "delta",
+        full_every: int = 10,
     ) -> Policy:
         """Create a policy: a rollout engine and a trainer over two copies of `model`.
 
@@ -98,6 +102,10 @@ class Session:
             optimizer: AdamW(...) settings.
             max_batch_size: most sequences the engine decodes at once.
             seed: sampling seed of the engine.
+            weight_transfer: "delta" publishes bf16 weights through a versioned store as sparse
+                bit-exact deltas (full snapshots every `full_every` versions and whenever a delta
+                cannot apply); "state" copies the trainer's full-precision tensors directly.
+            full_every: versions between forced full snapshots ("delta" only; 0: never forced).
         """
         if name in self.policies:
             raise ValueError(f"a policy named {name!r} exists already; pick another name")
@@ -106,6 +114,8 @@ class Session:
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
                 "(SGLang engines are served by `astranb serve rollout` on a GPU host)"
             )
+        if weight_transfer not in ("delta", "state"):
+            raise ValueError(f"weight_transfer must be 'delta' or 'state', got {weight_transfer!r}")
         spec = resolve(model)
         algorithm = algorithm or GRPO()
         optimizer = optimizer or AdamW()
@@ -114,7 +124,13 @@ class Session:
                        seed=seed, name=name)
         trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
         self._stack.callback(eng.close)
-        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer)
+        store = WeightStore(name, full_every=full_every) if weight_transfer == "delta" else None
+        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer, store)
+        if store is not None:
+            # version 0 goes out as a full snapshot, so the engine samples from exactly the
+            # published (bf16) weights from the first token on
+            store.publish(trainer.version, trainer.weights())
+            eng.update_weights(WeightUpdate(name, trainer.version, payload=store.pull_full())).result()
         self.policies[name] = policy
         return policy
 

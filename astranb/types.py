@@ -160,5 +160,7 @@ class WeightUpdate:
     """Policy name."""
     version: int
     """Version these weights are (the trainer's step count after producing them)."""
-    state: Mapping[str, torch.Tensor]
-    """Parameter name -> tensor, as the engine's model names them."""
+    state: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Parameter name -> tensor, as the engine's model names them (empty when `payload` is set)."""
+    payload: bytes | None = None
+    """Instead of `state`: a weight payload (full snapshot or delta, see astranb.weights)."""

@@ -79,7 +79,8 @@ QUICKSTART = [
     ),
     new_code_cell(
         'run.metrics[["step", "reward", "staleness_max", "buffer_size", "dropped_stale",\n'
-        '             "filtered_groups", "loss", "entropy"]].tail()'
+        '             "filtered_groups", "loss", "entropy", "transfer_kind", "changed_fraction",\n'
+        '             "transfer_ratio"]].tail()'
     ),
     new_markdown_cell("Every episode is recorded; step through one:"),
     new_code_cell("run.episodes[-1].show()\nsession.close()"),

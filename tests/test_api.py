@@ -10,7 +10,7 @@ def test_exported_names():
         "Session", "Policy", "Environment", "EpisodeContext", "Trainer", "LocalTrainer", "Run",
         "RunConfig", "Episode", "GRPO", "M2PO", "Algorithm", "AdamW", "SamplingParams",
         "GenerationRequest", "Generation", "Turn", "Trajectory", "WeightUpdate", "models",
-        "environments", "__version__",
+        "environments", "weights", "__version__",
     ])
     for name in ab.__all__:
         assert hasattr(ab, name), name
@@ -23,7 +23,8 @@ def params(fn):
 def test_main_signatures():
     assert params(ab.Session) == ["directory", "device", "torch_threads"]
     assert params(ab.Session.policy) == [
-        "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed"]
+        "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed",
+        "weight_transfer", "full_every"]
     assert params(ab.Session.wire) == ["self", "env", "roles"]
     assert params(ab.Session.train) == [
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed"]

@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -145,14 +146,53 @@ def test_await_run_from_an_event_loop(tmp_path):
     assert run.status == "finished" and len(run.metrics) == 2
 
 
-def test_engine_weights_equal_trainer_weights_after_each_publish(tmp_path):
+def test_engine_weights_are_bit_identical_to_published_weights_at_every_version(tmp_path):
     session, policy = make_session(tmp_path)
+    policy.verify_weights = True  # the engine recomputes its checksum from its own model
+    with session:
+        run = session.train(steps=12, batch_size=8, group_size=4).wait(progress=False)
+        df = run.metrics
+        assert (df["engine_checksum"] == df["weights_checksum"]).all()
+        kinds = df["transfer_kind"].tolist()
+        assert kinds.count("full") == 1 and kinds[9] == "full"  # version 10: forced full sync
+        assert set(kinds) == {"delta", "full"}
+        assert (df.loc[df.transfer_kind == "delta", "transfer_ratio"] < 1).all()
+        engine_state = policy.engine.state_dict()
+        for name, tensor in policy.trainer.weights().items():
+            assert engine_state[name].equal(tensor.to(torch.bfloat16).float()), name
+        assert policy.engine.version == policy.version == 12
+
+
+def test_a_delta_that_cannot_apply_is_healed_by_a_full_snapshot(tmp_path):
+    session, policy = make_session(tmp_path)
+    policy.verify_weights = True
+    pull = policy.store.pull
+    flipped = []
+
+    def corrupt_once(*args):
+        payload = pull(*args)
+        if not flipped and ab.weights.peek(payload).kind == "delta":
+            flipped.append(True)
+            payload = payload[:100] + bytes([payload[100] ^ 1]) + payload[101:]
+        return payload
+
+    policy.store.pull = corrupt_once
+    with session:
+        run = session.train(steps=3, batch_size=8, group_size=4).wait(progress=False)
+    df = run.metrics
+    assert "hash mismatch" in df["transfer_fallback"].iloc[0]
+    assert df["transfer_kind"].iloc[0] == "full"
+    assert (df["engine_checksum"] == df["weights_checksum"]).all()
+    assert df["transfer_kind"].iloc[1] == "delta"  # back on deltas once healed
+
+
+def test_state_transfer_copies_full_precision_weights(tmp_path):
+    session, policy = make_session(tmp_path, weight_transfer="state")
     with session:
         session.train(steps=2, batch_size=8, group_size=4).wait(progress=False)
         engine_state = policy.engine.state_dict()
         for name, tensor in policy.trainer.weights().items():
             assert engine_state[name].equal(tensor), name
-        assert policy.engine.version == policy.version == 2
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Iterable
 
 import torch
 
+from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
@@ -94,6 +96,8 @@ class HFEngine:
         self._targets = self._model.state_dict()
         self._alias_groups = _alias_groups(self._targets)
         self._version = version
+        self._mirror: dict[str, torch.Tensor] | None = None  # weights as published (bf16)
+        self._mirror_checksum: int | None = None
         self._weights_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: deque[Row] = deque()
@@ -367,22 +371,75 @@ class HFEngine:
     # -- weight updates (worker side) -------------------------------------------------------------
 
     def _apply_update(self, update: WeightUpdate, future: Future) -> None:
+        start = time.perf_counter()
         try:
-            self._check_update(update)
-            with self._weights_lock, torch.no_grad():
-                for name, tensor in update.state.items():
-                    self._targets[name].copy_(tensor)
+            if update.payload is not None:
+                kind = self._apply_payload(update)
+            else:
+                self._check_update(update)
+                with self._weights_lock, torch.no_grad():
+                    for name, tensor in update.state.items():
+                        self._targets[name].copy_(tensor)
+                self._mirror = self._mirror_checksum = None  # the mirror no longer matches
+                kind = "state"
         except Exception as exc:
             _settle(future, exc=exc)
             return
         self._version = update.version
+        seconds = time.perf_counter() - start
         # Rebuild every in-flight cache, so no later token depends on the old weights.
         rows = self._batch.rows
         try:
             self._batch.rebuild()
         except Exception as exc:
             self._fail_rows(rows, exc)
-        _settle(future, result=None)
+        _settle(future, result={"kind": kind, "apply_seconds": seconds})
+
+    def _apply_payload(self, update: WeightUpdate) -> str:
+        """Apply a full snapshot or delta to the published-dtype mirror, then to the model.
+
+        The mirror holds the weights exactly as published (bf16); the payload is applied to it
+        in place and checked against the sender's checksum, then copied into the model (a cast
+        when the model runs in another dtype). A corrupt result invalidates the mirror, so the
+        next payload must be a full snapshot.
+        """
+        header = weights.peek(update.payload)
+        if header.policy != self.name:
+            raise ValueError(f"payload is for policy {header.policy!r}, this engine serves {self.name!r}")
+        if header.version != update.version:
+            raise ValueError(f"payload makes version {header.version}, update says {update.version}")
+        if self._mirror is None:
+            if header.kind == "delta":
+                raise weights.BaseMismatch(
+                    "the engine holds no published weights yet; send a full snapshot first"
+                )
+            self._mirror = {e["name"]: torch.empty(e["shape"], dtype=_dtype(e["dtype"]))
+                            for e in header.tensors}
+            self._check_update(WeightUpdate(self.name, update.version, self._mirror))
+        try:
+            weights.apply(self._mirror, update.payload, base_checksum=self._mirror_checksum)
+        except weights.CorruptPayload:
+            self._mirror_checksum = None  # may be half written: only a full snapshot heals it
+            raise
+        self._mirror_checksum = header.checksum
+        with self._weights_lock, torch.no_grad():
+            for name, tensor in self._mirror.items():
+                self._targets[name].copy_(tensor)
+        return header.kind
+
+    @property
+    def weights_checksum(self) -> int | None:
+        """Checksum of the weights as last published to this engine (None if none was)."""
+        return self._mirror_checksum
+
+    def published_checksum(self) -> int:
+        """Recompute the checksum from the model itself, cast to the published dtype (slow)."""
+        if self._mirror is None:
+            raise LookupError("no published weights were applied to this engine")
+        dtypes = {name: t.dtype for name, t in self._mirror.items()}
+        with self._weights_lock:
+            current = {name: self._targets[name].detach().to("cpu", dtypes[name]) for name in dtypes}
+        return weights.checksum(current)
 
     def _check_update(self, update: WeightUpdate) -> None:
         """Validate names and shapes before touching the model, so a bad update changes nothing."""
@@ -452,3 +509,7 @@ def _settle(future: Future, *, result=None, exc: BaseException | None = None) ->
             future.set_result(result)
     except InvalidStateError:  # cancelled meanwhile: nobody is waiting
         pass
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))

@@ -53,9 +53,9 @@ class TrainLoop:
         t_step = time.perf_counter()
         metrics = await anyio.to_thread.run_sync(policy.trainer.step, batch)
         tokens_during = self.counters.rollout_tokens - tokens_before
-        await policy.publish()
+        transfer = await policy.publish()
         self._release(groups)
-        row = self._row(version, groups, metrics, t_wait, t_step, tokens_during, batch)
+        row = self._row(version, groups, {**metrics, **transfer}, t_wait, t_step, tokens_during, batch)
         self.recorder.add_row(row)
         return row
 

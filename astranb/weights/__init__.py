@@ -1,0 +1,27 @@
+"""Weight payloads (bit-exact full snapshots and sparse deltas) and the versioned store."""
+
+from .codec import (
+    BaseMismatch,
+    CorruptPayload,
+    Header,
+    WeightTransferError,
+    apply,
+    checksum,
+    decode,
+    encode,
+    encode_full,
+    peek,
+)
+
+__all__ = [
+    "BaseMismatch",
+    "CorruptPayload",
+    "Header",
+    "WeightTransferError",
+    "apply",
+    "checksum",
+    "decode",
+    "encode",
+    "encode_full",
+    "peek",
+]

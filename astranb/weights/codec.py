@@ -1,0 +1,465 @@
+"""Bit-exact weight payloads: full snapshots and sparse deltas, in one self-checking frame.
+
+Between two RL steps only a small fraction of bf16 weights change (an update below half an ulp
+rounds away). A delta finds them by comparing raw bits, then stores, per tensor, whichever is
+smallest of:
+
+- "rice": positions as gaps coded with a Rice code (quotients in unary, remainders in k bits,
+  two separate bit streams so both decode with whole-array numpy ops). For independently placed
+  changes the gaps are geometric, and a Rice code is within a few percent of their entropy.
+- "bitmap": positions as a packed bit per element, zstd-compressed (dense changes).
+- "dense": no positions; every element's value (most of the tensor changed).
+
+Values are the difference of the new and old bit patterns (a few ulps move a float's bits by a
+few units), zig-zag mapped, split into byte planes and zstd-compressed; or the raw new bits when
+those compress better (random bit patterns). Nothing is rounded: decoding gives the new tensors
+bit for bit, whatever the dtype (bf16, fp16, fp32, ints: any itemsize of 1, 2, 4 or 8 bytes).
+
+Frame: a fixed prefix (magic, format, kind, total length, header length), a zstd-compressed JSON
+header (policy, base and target version, checksums of the base and the result, the tensor table),
+the sections, and an xxh3 hash of everything before it. A truncated or corrupted payload fails
+the hash before anything is decoded; a payload for other base weights fails the base check; and
+the result is hashed again after decoding. Any of these raises a `WeightTransferError` that says
+what happened; the store answers it with a full snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xxhash
+import zstandard
+
+__all__ = [
+    "WeightTransferError",
+    "CorruptPayload",
+    "BaseMismatch",
+    "Header",
+    "encode",
+    "encode_full",
+    "decode",
+    "apply",
+    "peek",
+    "checksum",
+]
+
+MAGIC = b"ANBW"
+FORMAT = 1
+KIND_FULL, KIND_DELTA = 0, 1
+_PREFIX = struct.Struct("<4sHBxQI")  # magic, format, kind, total length, header length
+_TRAILER = struct.Struct("<Q")  # xxh3_64 of everything before it
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_ZSTD_LEVEL = 3
+
+
+class WeightTransferError(ValueError):
+    """A payload cannot be applied; nothing was changed unless the message says otherwise."""
+
+
+class CorruptPayload(WeightTransferError):
+    """Truncated, altered or not an astranb weight payload."""
+
+
+class BaseMismatch(WeightTransferError):
+    """A delta made against other weights than the receiver holds."""
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a payload says about itself."""
+
+    kind: str
+    """"full" or "delta"."""
+    policy: str
+    """Policy the weights belong to."""
+    base_version: int | None
+    """Version the delta applies to (None for a full snapshot)."""
+    version: int
+    """Version of the weights the payload produces."""
+    base_checksum: int | None
+    """checksum() of the base weights (None for a full snapshot)."""
+    checksum: int
+    """checksum() of the resulting weights."""
+    tensors: list[dict] = field(repr=False)
+    """Per tensor: name, dtype, shape, scheme, changed count, section sizes."""
+    total_bytes: int = 0
+    """Payload size."""
+
+    @property
+    def changed(self) -> int:
+        return sum(t["changed"] for t in self.tensors)
+
+    @property
+    def elements(self) -> int:
+        return sum(int(np.prod(t["shape"], dtype=np.int64)) for t in self.tensors)
+
+    @property
+    def model_bytes(self) -> int:
+        """Size of the weights themselves (what a raw full copy costs)."""
+        return sum(int(np.prod(t["shape"], dtype=np.int64)) * t["itemsize"] for t in self.tensors)
+
+    def section_bytes(self, which: str) -> int:
+        """Bytes spent on "positions" or "values" over all tensors."""
+        return sum(t[which] for t in self.tensors)
+
+
+# -- public API ------------------------------------------------------------------------------------
+def checksum(tensors: Mapping[str, torch.Tensor]) -> int:
+    """xxh3-64 over names, dtypes, shapes and raw bytes, in name order."""
+    h = xxhash.xxh3_64()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(_bits(t).data)
+    return h.intdigest()
+
+
+def encode_full(new: Mapping[str, torch.Tensor], *, policy: str = "", version: int = 0) -> bytes:
+    """A full snapshot of `new`, framed like a delta."""
+    entries, sections = [], []
+    for name in sorted(new):
+        bits = _bits(new[name])
+        entries.append(_entry(name, new[name], "raw", bits.size, positions=0, values=bits.nbytes))
+        sections.append(bits.tobytes())
+    meta = {"policy": policy, "base_version": None, "version": version,
+            "base_checksum": None, "checksum": checksum(new)}
+    return _frame(KIND_FULL, meta, entries, sections)
+
+
+def encode(
+    old: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    *,
+    policy: str = "",
+    base_version: int = 0,
+    version: int | None = None,
+) -> bytes:
+    """A delta turning `old` into `new` (same names, shapes and dtypes), bit for bit."""
+    _check_same_layout(old, new)
+    entries, sections = [], []
+    for name in sorted(new):
+        entry, parts = _encode_tensor(name, _bits(old[name]), _bits(new[name]), new[name])
+        entries.append(entry)
+        sections.extend(parts)
+    meta = {"policy": policy, "base_version": base_version,
+            "version": base_version + 1 if version is None else version,
+            "base_checksum": checksum(old), "checksum": checksum(new)}
+    return _frame(KIND_DELTA, meta, entries, sections)
+
+
+def peek(payload: bytes) -> Header:
+    """Check the frame and read its header (no tensor is decoded)."""
+    header, _ = _open(payload)
+    return header
+
+
+def decode(
+    old: Mapping[str, torch.Tensor] | None, payload: bytes
+) -> dict[str, torch.Tensor]:
+    """New tensors from `old` and a payload (old may be None for a full snapshot)."""
+    header, body = _open(payload)
+    if header.kind == "delta":
+        if old is None:
+            raise BaseMismatch("a delta needs the base weights; pass them or send a full snapshot")
+        _check_base(header, checksum(old))
+        # contiguous copies: a transposed `old` would otherwise clone with its strides, and
+        # writing into it in place needs contiguous memory
+        out = {name: t.detach().clone(memory_format=torch.contiguous_format)
+               for name, t in old.items()}
+    else:
+        out = {e["name"]: torch.empty(e["shape"], dtype=_dtype(e["dtype"])) for e in header.tensors}
+    _apply_sections(header, body, out)
+    _check_result(header, out)
+    return out
+
+
+def apply(
+    tensors: Mapping[str, torch.Tensor],
+    payload: bytes,
+    *,
+    base_checksum: int | None = None,
+) -> Header:
+    """Apply a payload in place to `tensors` (CPU, contiguous).
+
+    Args:
+        tensors: the receiver's weights; same names, shapes and dtypes as the payload's.
+        payload: a full snapshot or a delta.
+        base_checksum: the receiver's cached checksum(tensors), to skip hashing them again.
+
+    Raises:
+        CorruptPayload: truncated or altered (checked before anything is written), or the result
+            does not hash to the header's checksum (the tensors then hold wrong weights: apply a
+            full snapshot).
+        BaseMismatch: a delta for other base weights (nothing written).
+    """
+    header, body = _open(payload)
+    _check_layout(header, tensors)
+    if header.kind == "delta":
+        _check_base(header, checksum(tensors) if base_checksum is None else base_checksum)
+    _apply_sections(header, body, tensors)
+    _check_result(header, tensors)
+    return header
+
+
+# -- per tensor ------------------------------------------------------------------------------------
+def _encode_tensor(name, old_bits, new_bits, tensor) -> tuple[dict, list[bytes]]:
+    changed = np.flatnonzero(old_bits != new_bits)
+    n, size = changed.size, new_bits.size
+    if n == 0:
+        return _entry(name, tensor, "same", 0, positions=0, values=0), []
+    candidates = [("rice", _rice_encode(changed))]
+    if n * 64 > size:  # a bitmap can only win when changes are denser than ~1 in 64
+        candidates.append(("bitmap", _bitmap_encode(changed, size)))
+    scheme, pos_parts = min(candidates, key=lambda c: sum(map(len, c[1])))
+    values = _values_encode(old_bits[changed], new_bits[changed])
+    pos_bytes = sum(map(len, pos_parts))
+    if n * 2 > size:  # dense: every value, no positions
+        dense = _values_encode(old_bits, new_bits)
+        if len(dense) < pos_bytes + len(values):
+            return _entry(name, tensor, "dense", n, positions=0, values=len(dense)), [dense]
+    entry = _entry(name, tensor, scheme, n, positions=pos_bytes, values=len(values))
+    entry["sections"] = [len(p) for p in pos_parts] + [len(values)]
+    return entry, [*pos_parts, values]
+
+
+def _decode_tensor(entry: dict, parts: list[memoryview], bits: np.ndarray) -> None:
+    scheme, n = entry["scheme"], entry["changed"]
+    if scheme == "same" or bits.size == 0:
+        return
+    if scheme == "raw":
+        if len(parts[0]) != bits.nbytes:
+            raise CorruptPayload(f"tensor {entry['name']!r}: {len(parts[0])} bytes, expected {bits.nbytes}")
+        bits[:] = np.frombuffer(parts[0], dtype=bits.dtype)
+        return
+    if scheme == "dense":
+        bits[:] = _values_decode(parts[0], bits, bits.size)
+        return
+    if scheme == "rice":
+        idx = _rice_decode(parts[0], parts[1], n)
+    else:
+        idx = np.flatnonzero(_bitmap_decode(parts[0], bits.size))
+    if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
+        raise CorruptPayload(f"tensor {entry['name']!r}: positions do not decode to {n} changes")
+    bits[idx] = _values_decode(parts[-1], bits[idx], n)
+
+
+# -- positions -------------------------------------------------------------------------------------
+def _rice_encode(changed: np.ndarray) -> list[bytes]:
+    gaps = np.diff(changed, prepend=-1) - 1  # zero-based gaps between changed positions
+    k = _rice_parameter(gaps)
+    ones = np.cumsum((gaps >> k) + 1) - 1  # unary quotient: q zeros, then a one
+    unary = np.zeros(int(ones[-1]) + 1, dtype=np.uint8)
+    unary[ones] = 1
+    remainders = b""
+    if k:
+        shifts = np.arange(k - 1, -1, -1, dtype=np.int64)
+        remainders = np.packbits(((gaps[:, None] >> shifts) & 1).astype(np.uint8)).tobytes()
+    return [bytes([k]) + np.packbits(unary).tobytes(), remainders]
+
+
+def _rice_decode(unary_part: memoryview, rem_part: memoryview, n: int) -> np.ndarray:
+    if len(unary_part) < 1:
+        raise CorruptPayload("empty position stream")
+    k = unary_part[0]
+    unary = np.unpackbits(np.frombuffer(unary_part[1:], dtype=np.uint8))
+    ones = np.flatnonzero(unary)[:n]
+    if ones.size != n:
+        raise CorruptPayload(f"position stream holds {ones.size} codes, expected {n}")
+    gaps = np.diff(ones, prepend=-1) - 1
+    if k:
+        rem_bits = np.unpackbits(np.frombuffer(rem_part, dtype=np.uint8))[: n * k]
+        if rem_bits.size != n * k:
+            raise CorruptPayload("remainder stream too short")
+        weights = (1 << np.arange(k - 1, -1, -1, dtype=np.int64))
+        gaps = (gaps << k) | (rem_bits.reshape(n, k).astype(np.int64) @ weights)
+    return np.cumsum(gaps + 1) - 1
+
+
+def _rice_parameter(gaps: np.ndarray) -> int:
+    """The k in 0..40 that makes the code shortest (total bits = n(k+1) + sum(g >> k))."""
+    mean = float(gaps.mean())
+    guess = max(0, int(np.log2(max(mean * 0.69, 1.0))))
+    best = min(range(max(0, guess - 1), min(40, guess + 2)),
+               key=lambda k: gaps.size * (k + 1) + int((gaps >> k).sum()))
+    return best
+
+
+def _bitmap_encode(changed: np.ndarray, size: int) -> list[bytes]:
+    mask = np.zeros(size, dtype=bool)
+    mask[changed] = True
+    return [_zstd(np.packbits(mask).tobytes())]
+
+
+def _bitmap_decode(part: memoryview, size: int) -> np.ndarray:
+    packed = np.frombuffer(_unzstd(part), dtype=np.uint8)
+    if packed.size * 8 < size:
+        raise CorruptPayload("bitmap shorter than its tensor")
+    return np.unpackbits(packed, count=size).view(bool)
+
+
+# -- values ----------------------------------------------------------------------------------------
+def _values_encode(old: np.ndarray, new: np.ndarray) -> bytes:
+    """Zig-zag bit differences or raw new bits, byte-plane split and zstd'ed: the smaller."""
+    width = new.dtype.itemsize * 8
+    signed = (new - old).view(np.dtype(f"i{new.dtype.itemsize}"))
+    zigzag = ((signed << 1) ^ (signed >> (width - 1))).view(new.dtype)
+    diff = _zstd(_planes(zigzag))
+    raw = _zstd(_planes(new))
+    return (b"d" + diff) if len(diff) <= len(raw) else (b"r" + raw)
+
+
+def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
+    if len(part) < 1:
+        raise CorruptPayload("empty value stream")
+    mode, planes = bytes(part[:1]), _unzstd(part[1:])
+    if len(planes) != n * old.dtype.itemsize:
+        raise CorruptPayload(f"value stream holds {len(planes)} bytes, expected {n * old.dtype.itemsize}")
+    values = _unplanes(planes, old.dtype, n)
+    if mode == b"r":
+        return values
+    if mode != b"d":
+        raise CorruptPayload(f"unknown value mode {mode!r}")
+    # undo the zig-zag map, then add in wrap-around (mod 2^bits) arithmetic
+    signed = (values >> 1) ^ (np.zeros_like(values) - (values & 1))
+    return old + signed
+
+
+def _planes(values: np.ndarray) -> bytes:
+    """Little-endian bytes regrouped so byte i of every value is together (plane i)."""
+    return values.view(np.uint8).reshape(-1, values.dtype.itemsize).T.tobytes()
+
+
+def _unplanes(data: bytes, dtype: np.dtype, n: int) -> np.ndarray:
+    planes = np.frombuffer(data, dtype=np.uint8).reshape(dtype.itemsize, n)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(n)
+
+
+# -- frame -----------------------------------------------------------------------------------------
+def _frame(kind: int, meta: dict, entries: list[dict], sections: list[bytes]) -> bytes:
+    for entry in entries:
+        entry.setdefault("sections", [entry["positions"] + entry["values"]] if entry["values"] else [])
+    header = _zstd(json.dumps({**meta, "tensors": entries}).encode())
+    body_len = sum(map(len, sections))
+    total = _PREFIX.size + len(header) + body_len + _TRAILER.size
+    h = xxhash.xxh3_64()
+    parts = [_PREFIX.pack(MAGIC, FORMAT, kind, total, len(header)), header, *sections]
+    for p in parts:
+        h.update(p)
+    return b"".join([*parts, _TRAILER.pack(h.intdigest())])
+
+
+def _open(payload: bytes) -> tuple[Header, memoryview]:
+    view = memoryview(payload)
+    if len(view) < _PREFIX.size + _TRAILER.size:
+        raise CorruptPayload(f"payload of {len(view)} bytes is too short to be a weight payload")
+    magic, fmt, kind, total, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptPayload(f"not an astranb weight payload (magic {bytes(magic)!r})")
+    if fmt != FORMAT:
+        raise CorruptPayload(f"payload format {fmt}, this astranb reads format {FORMAT}: upgrade")
+    if len(view) != total:
+        raise CorruptPayload(f"payload truncated or padded: {len(view)} bytes, header says {total}")
+    (expected,) = _TRAILER.unpack_from(view, total - _TRAILER.size)
+    if xxhash.xxh3_64_intdigest(view[: total - _TRAILER.size]) != expected:
+        raise CorruptPayload("payload hash mismatch: the bytes were altered in transit")
+    start = _PREFIX.size
+    meta = json.loads(_unzstd(view[start : start + header_len]))
+    header = Header(kind="full" if kind == KIND_FULL else "delta", policy=meta["policy"],
+                    base_version=meta["base_version"], version=meta["version"],
+                    base_checksum=meta["base_checksum"], checksum=meta["checksum"],
+                    tensors=meta["tensors"], total_bytes=total)
+    return header, view[start + header_len : total - _TRAILER.size]
+
+
+def _apply_sections(header: Header, body: memoryview, tensors: Mapping[str, torch.Tensor]) -> None:
+    offset = 0
+    for entry in header.tensors:
+        parts = []
+        for size in entry["sections"]:
+            parts.append(body[offset : offset + size])
+            offset += size
+        bits = _bits(tensors[entry["name"]], writable=True)
+        try:
+            _decode_tensor(entry, parts, bits)
+        except zstandard.ZstdError as error:
+            raise CorruptPayload(f"tensor {entry['name']!r}: {error}") from error
+
+
+def _check_same_layout(old, new) -> None:
+    if set(old) != set(new):
+        missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        raise ValueError(f"old and new name different tensors (only old: {missing}, only new: {extra})")
+    for name in new:
+        a, b = old[name], new[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(
+                f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}; "
+                "a delta needs the same layout: send a full snapshot (encode_full)"
+            )
+
+
+def _check_layout(header: Header, tensors: Mapping[str, torch.Tensor]) -> None:
+    for entry in header.tensors:
+        t = tensors.get(entry["name"])
+        if t is None or list(t.shape) != entry["shape"] or str(t.dtype) != entry["dtype"]:
+            raise BaseMismatch(
+                f"tensor {entry['name']!r}: payload has {entry['dtype']}{tuple(entry['shape'])}, "
+                f"receiver has {'nothing' if t is None else f'{t.dtype}{tuple(t.shape)}'}"
+            )
+
+
+def _check_base(header: Header, have: int) -> None:
+    if have != header.base_checksum:
+        raise BaseMismatch(
+            f"delta {header.base_version}->{header.version} of {header.policy!r} was made against "
+            "other weights than the receiver holds (base checksum differs); pull a full snapshot"
+        )
+
+
+def _check_result(header: Header, tensors: Mapping[str, torch.Tensor]) -> None:
+    if checksum(tensors) != header.checksum:
+        raise CorruptPayload(
+            f"weights after applying version {header.version} do not match the sender's checksum; "
+            "they must be replaced by a full snapshot"
+        )
+
+
+def _entry(name, tensor, scheme, changed, *, positions, values) -> dict:
+    return {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape),
+            "itemsize": tensor.element_size(), "scheme": scheme, "changed": int(changed),
+            "positions": positions, "values": values}
+
+
+def _bits(t: torch.Tensor, writable: bool = False) -> np.ndarray:
+    """The tensor's raw bits as a flat unsigned numpy array (shares memory when it can)."""
+    if t.device.type != "cpu":
+        raise ValueError("weight payloads are built from CPU tensors; call .cpu() first")
+    if writable and not t.is_contiguous():
+        raise ValueError("apply() writes in place and needs contiguous tensors")
+    t = t.detach().contiguous()
+    size = t.element_size()
+    if size not in _TORCH_INT:
+        raise ValueError(f"unsupported element size {size} for dtype {t.dtype}")
+    return t.view(_TORCH_INT[size]).reshape(-1).numpy().view(_UINT[size])
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
+
+
+def _unzstd(data) -> bytes:
+    try:
+        return zstandard.ZstdDecompressor().decompress(bytes(data))
+    except zstandard.ZstdError as error:
+        raise CorruptPayload(f"compressed section does not decompress: {error}") from error
