@@ -57,6 +57,8 @@ _TRAILER = struct.Struct("<Q")  # xxh3_64 of everything before it
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ZSTD_LEVEL = 3
+_MAX_HEADER = 256 << 20
+_SCHEMES = ("same", "raw", "dense", "rice", "bitmap")
 
 
 class WeightTransferError(ValueError):
@@ -298,7 +300,7 @@ def _bitmap_encode(changed: np.ndarray, size: int) -> list[bytes]:
 
 
 def _bitmap_decode(part: memoryview, size: int) -> np.ndarray:
-    packed = np.frombuffer(_unzstd(part), dtype=np.uint8)
+    packed = np.frombuffer(_unzstd(part, (size + 7) // 8), dtype=np.uint8)
     if packed.size * 8 < size:
         raise CorruptPayload("bitmap shorter than its tensor")
     return np.unpackbits(packed, count=size).view(bool)
@@ -318,7 +320,7 @@ def _values_encode(old: np.ndarray, new: np.ndarray) -> bytes:
 def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
     if len(part) < 1:
         raise CorruptPayload("empty value stream")
-    mode, planes = bytes(part[:1]), _unzstd(part[1:])
+    mode, planes = bytes(part[:1]), _unzstd(part[1:], n * old.dtype.itemsize)
     if len(planes) != n * old.dtype.itemsize:
         raise CorruptPayload(f"value stream holds {len(planes)} bytes, expected {n * old.dtype.itemsize}")
     values = _unplanes(planes, old.dtype, n)
@@ -370,11 +372,15 @@ def _open(payload: bytes) -> tuple[Header, memoryview]:
     if xxhash.xxh3_64_intdigest(view[: total - _TRAILER.size]) != expected:
         raise CorruptPayload("payload hash mismatch: the bytes were altered in transit")
     start = _PREFIX.size
-    meta = json.loads(_unzstd(view[start : start + header_len]))
-    header = Header(kind="full" if kind == KIND_FULL else "delta", policy=meta["policy"],
-                    base_version=meta["base_version"], version=meta["version"],
-                    base_checksum=meta["base_checksum"], checksum=meta["checksum"],
-                    tensors=meta["tensors"], total_bytes=total)
+    try:
+        meta = json.loads(_unzstd(view[start : start + header_len], _MAX_HEADER))
+        header = Header(kind="full" if kind == KIND_FULL else "delta", policy=meta["policy"],
+                        base_version=meta["base_version"], version=meta["version"],
+                        base_checksum=meta["base_checksum"], checksum=meta["checksum"],
+                        tensors=meta["tensors"], total_bytes=total)
+        _check_table(header.tensors)
+    except (ValueError, KeyError, TypeError) as error:  # a sender bug, not transit damage
+        raise CorruptPayload(f"payload header is malformed: {error!r}") from error
     return header, view[start + header_len : total - _TRAILER.size]
 
 
@@ -408,6 +414,10 @@ def _check_same_layout(old, new) -> None:
 def _check_layout(header: Header, tensors: Mapping[str, torch.Tensor]) -> None:
     for entry in header.tensors:
         t = tensors.get(entry["name"])
+        if t is not None and not t.is_contiguous():
+            raise ValueError(
+                f"apply() writes in place and needs contiguous tensors; {entry['name']!r} is not"
+            )
         if t is None or list(t.shape) != entry["shape"] or str(t.dtype) != entry["dtype"]:
             raise BaseMismatch(
                 f"tensor {entry['name']!r}: payload has {entry['dtype']}{tuple(entry['shape'])}, "
@@ -451,15 +461,34 @@ def _bits(t: torch.Tensor, writable: bool = False) -> np.ndarray:
 
 
 def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
 
 
 def _zstd(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
 
 
-def _unzstd(data) -> bytes:
+def _unzstd(data, limit: int) -> bytes:
+    """Decompress at most `limit` bytes; a frame that claims more is refused before allocating."""
+    data = bytes(data)
     try:
-        return zstandard.ZstdDecompressor().decompress(bytes(data))
+        claimed = zstandard.frame_content_size(data)
+        if claimed > limit:
+            raise CorruptPayload(f"compressed section claims {claimed} bytes, at most {limit} expected")
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"compressed section does not decompress: {error}") from error
+
+
+def _check_table(entries: list) -> None:
+    """Every tensor entry has the fields and types the decoder relies on."""
+    for e in entries:
+        if not (isinstance(e["name"], str) and isinstance(e["shape"], list)
+                and all(isinstance(d, int) and d >= 0 for d in e["shape"])
+                and e["scheme"] in _SCHEMES and isinstance(e["changed"], int)
+                and isinstance(e["sections"], list) and e["itemsize"] in _UINT):
+            raise ValueError(f"bad tensor entry {e!r:.200}")
+        _dtype(e["dtype"])
