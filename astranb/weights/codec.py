@@ -142,8 +142,12 @@ def encode(
     policy: str = "",
     base_version: int = 0,
     version: int | None = None,
+    base_checksum: int | None = None,
 ) -> bytes:
-    """A delta turning `old` into `new` (same names, shapes and dtypes), bit for bit."""
+    """A delta turning `old` into `new` (same names, shapes and dtypes), bit for bit.
+
+    `base_checksum` is checksum(old) when the caller has it cached (saves one pass).
+    """
     _check_same_layout(old, new)
     entries, sections = [], []
     for name in sorted(new):
@@ -152,7 +156,8 @@ def encode(
         sections.extend(parts)
     meta = {"policy": policy, "base_version": base_version,
             "version": base_version + 1 if version is None else version,
-            "base_checksum": checksum(old), "checksum": checksum(new)}
+            "base_checksum": checksum(old) if base_checksum is None else base_checksum,
+            "checksum": checksum(new)}
     return _frame(KIND_DELTA, meta, entries, sections)
 
 
@@ -212,7 +217,7 @@ def apply(
 
 # -- per tensor ------------------------------------------------------------------------------------
 def _encode_tensor(name, old_bits, new_bits, tensor) -> tuple[dict, list[bytes]]:
-    changed = np.flatnonzero(old_bits != new_bits)
+    changed = _changed_positions(old_bits, new_bits)
     n, size = changed.size, new_bits.size
     if n == 0:
         return _entry(name, tensor, "same", 0, positions=0, values=0), []
@@ -250,6 +255,22 @@ def _decode_tensor(entry: dict, parts: list[memoryview], bits: np.ndarray) -> No
     if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
         raise CorruptPayload(f"tensor {entry['name']!r}: positions do not decode to {n} changes")
     bits[idx] = _values_decode(parts[-1], bits[idx], n)
+
+
+def _changed_positions(old: np.ndarray, new: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+    """Indices where the bits differ, compared in cache-sized chunks (no tensor-sized mask)."""
+    if old.size <= chunk:
+        return np.flatnonzero(old != new)
+    mask = np.empty(chunk, dtype=bool)
+    found = []
+    for start in range(0, old.size, chunk):
+        stop = min(old.size, start + chunk)
+        part = mask[: stop - start]
+        np.not_equal(old[start:stop], new[start:stop], out=part)
+        hits = np.flatnonzero(part)
+        if hits.size:
+            found.append(hits + start)
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
 # -- positions -------------------------------------------------------------------------------------

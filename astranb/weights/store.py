@@ -80,7 +80,8 @@ class WeightStore:
             old, old_version = self._weights, self._version
             delta = None
             if old is not None and version == old_version + 1 and _same_layout(old, new):
-                delta = encode(old, new, policy=self.policy, base_version=old_version, version=version)
+                delta = encode(old, new, policy=self.policy, base_version=old_version,
+                               version=version, base_checksum=self._checksum)
             header = peek(delta) if delta else None
             self._weights, self._version, self._full = new, version, None
             self._delta, self._delta_header = delta, header
