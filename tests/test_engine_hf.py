@@ -290,3 +290,32 @@ def test_lifecycle_close_fails_pending_and_rejects_new_work():
             fresh.submit(GenerationRequest(prompt_ids=()))
         with pytest.raises(ValueError, match="ints in"):
             fresh.submit(GenerationRequest(prompt_ids=(1, 10_000)))
+
+
+def test_payload_updates_full_then_delta_and_errors():
+    from astranb import weights
+
+    v0 = {k: v.to(torch.bfloat16) for k, v in SPEC.build().state_dict().items()}
+    v1 = {k: (v.float() + 0.01 * (torch.arange(v.numel()).reshape(v.shape) % 7 == 0)).to(torch.bfloat16)
+          for k, v in v0.items()}
+    delta = weights.encode(v0, v1, policy="policy", base_version=0, version=1)
+    with HFEngine(SPEC) as engine:
+        # a delta before any full snapshot has no base to apply to
+        with pytest.raises(weights.BaseMismatch, match="no published weights"):
+            engine.update_weights(WeightUpdate("policy", 1, payload=delta)).result(timeout=30)
+        full = weights.encode_full(v0, policy="policy", version=0)
+        result = engine.update_weights(WeightUpdate("policy", 0, payload=full)).result(timeout=30)
+        assert result["kind"] == "full" and engine.weights_checksum == weights.checksum(v0)
+        result = engine.update_weights(WeightUpdate("policy", 1, payload=delta)).result(timeout=30)
+        assert result["kind"] == "delta" and engine.version == 1
+        assert engine.published_checksum() == weights.checksum(v1)  # recomputed from the model
+        # a payload for another policy, or a version the update does not claim, is refused
+        other = weights.encode_full(v1, policy="critic", version=1)
+        with pytest.raises(ValueError, match="for policy 'critic'"):
+            engine.update_weights(WeightUpdate("policy", 1, payload=other)).result(timeout=30)
+        # a plain state update leaves the mirror stale: the next delta must be refused
+        engine.update_weights(WeightUpdate("policy", 2, dict(SPEC.build().state_dict()))).result(timeout=30)
+        assert engine.weights_checksum is None
+        with pytest.raises(weights.BaseMismatch):
+            engine.update_weights(WeightUpdate("policy", 1, payload=delta)).result(timeout=30)
+        assert engine.generate_many([_request(3, 4)])[0].versions == (2,) * 4  # still serving
