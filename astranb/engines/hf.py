@@ -413,7 +413,7 @@ class HFEngine:
                 raise weights.BaseMismatch(
                     "the engine holds no published weights yet; send a full snapshot first"
                 )
-            self._mirror = {e["name"]: torch.empty(e["shape"], dtype=_dtype(e["dtype"]))
+            self._mirror = {e["name"]: torch.empty(e["shape"], dtype=weights.dtype_named(e["dtype"]))
                             for e in header.tensors}
             self._check_update(WeightUpdate(self.name, update.version, self._mirror))
         try:
@@ -509,7 +509,3 @@ def _settle(future: Future, *, result=None, exc: BaseException | None = None) ->
             future.set_result(result)
     except InvalidStateError:  # cancelled meanwhile: nobody is waiting
         pass
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))

@@ -47,6 +47,7 @@ __all__ = [
     "apply",
     "peek",
     "checksum",
+    "dtype_named",
 ]
 
 MAGIC = b"ANBW"
@@ -181,7 +182,7 @@ def decode(
         out = {name: t.detach().clone(memory_format=torch.contiguous_format)
                for name, t in old.items()}
     else:
-        out = {e["name"]: torch.empty(e["shape"], dtype=_dtype(e["dtype"])) for e in header.tensors}
+        out = {e["name"]: torch.empty(e["shape"], dtype=dtype_named(e["dtype"])) for e in header.tensors}
     _apply_sections(header, body, out)
     _check_result(header, out)
     return out
@@ -481,7 +482,8 @@ def _bits(t: torch.Tensor, writable: bool = False) -> np.ndarray:
     return t.view(_TORCH_INT[size]).reshape(-1).numpy().view(_UINT[size])
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_named(name: str) -> torch.dtype:
+    """torch dtype from its printed name (\"torch.bfloat16\" or \"bfloat16\")."""
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -512,4 +514,4 @@ def _check_table(entries: list) -> None:
                 and e["scheme"] in _SCHEMES and isinstance(e["changed"], int)
                 and isinstance(e["sections"], list) and e["itemsize"] in _UINT):
             raise ValueError(f"bad tensor entry {e!r:.200}")
-        _dtype(e["dtype"])
+        dtype_named(e["dtype"])
