@@ -20,6 +20,7 @@ only; the run records it and goes on.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -119,20 +120,13 @@ class EpisodeContext:
             ) from None
 
     def _sampling(self, policy: Policy, overrides: Mapping[str, Any]) -> SamplingParams:
-        defaults = self.env.sampling
-        fields = {
-            "temperature": defaults.temperature,
-            "top_p": defaults.top_p,
-            "max_new_tokens": defaults.max_new_tokens,
-            "stop_token_ids": defaults.stop_token_ids,
-        }
-        unknown = set(overrides) - set(fields)
+        known = {f.name for f in dataclasses.fields(SamplingParams)}
+        unknown = set(overrides) - known
         if unknown:
-            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(fields)}")
-        fields.update(overrides)
-        stop = tuple(fields["stop_token_ids"])
+            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(known)}")
+        params = dataclasses.replace(self.env.sampling, **overrides)
+        stop = tuple(params.stop_token_ids)
         eos = policy.tokenizer.eos_token_id
         if eos is not None and eos not in stop:
             stop = (*stop, eos)
-        fields["stop_token_ids"] = stop
-        return SamplingParams(**fields)
+        return dataclasses.replace(params, stop_token_ids=stop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,9 +140,9 @@ class Run:
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; re-raise its error. Shows a progress bar unless told not to."""
         with _Progress(self, progress) as bar:
-            deadline = None if timeout is None else _now() + timeout
+            deadline = None if timeout is None else time.monotonic() + timeout
             while not self._future.done():
-                if deadline is not None and _now() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"run still {self.status} after {timeout} s")
                 concurrent.futures.wait([self._future], timeout=0.2)
                 bar.update()
@@ -234,8 +235,3 @@ class _Progress:
             self.update()
             self.bar.close()
 
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()

@@ -48,6 +48,7 @@ __all__ = [
     "peek",
     "checksum",
     "dtype_named",
+    "layout_mismatch",
 ]
 
 MAGIC = b"ANBW"
@@ -420,17 +421,23 @@ def _apply_sections(header: Header, body: memoryview, tensors: Mapping[str, torc
             raise CorruptPayload(f"tensor {entry['name']!r}: {error}") from error
 
 
-def _check_same_layout(old, new) -> None:
+def layout_mismatch(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> str | None:
+    """Why no delta can turn `old` into `new` (other names, shapes or dtypes), or None."""
     if set(old) != set(new):
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-        raise ValueError(f"old and new name different tensors (only old: {missing}, only new: {extra})")
+        return f"old and new name different tensors (only old: {missing}, only new: {extra})"
     for name in new:
         a, b = old[name], new[name]
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise ValueError(
-                f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}; "
-                "a delta needs the same layout: send a full snapshot (encode_full)"
-            )
+            return (f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}; "
+                    "a delta needs the same layout: send a full snapshot (encode_full)")
+    return None
+
+
+def _check_same_layout(old, new) -> None:
+    problem = layout_mismatch(old, new)
+    if problem:
+        raise ValueError(problem)
 
 
 def _check_layout(header: Header, tensors: Mapping[str, torch.Tensor]) -> None:

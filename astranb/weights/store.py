@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codec import checksum, encode, encode_full, peek
+from .codec import checksum, encode, encode_full, layout_mismatch, peek
 
 __all__ = ["WeightStore", "PublishStats"]
 
@@ -79,7 +79,8 @@ class WeightStore:
         with self._lock:
             old, old_version = self._weights, self._version
             delta = None
-            if old is not None and version == old_version + 1 and _same_layout(old, new):
+            # made even when a full sync is due: it measures the changed fraction for the metrics
+            if old is not None and version == old_version + 1 and not layout_mismatch(old, new):
                 delta = encode(old, new, policy=self.policy, base_version=old_version,
                                version=version, base_checksum=self._checksum)
             header = peek(delta) if delta else None
@@ -111,8 +112,3 @@ class WeightStore:
     def _full_sync_due(self) -> bool:
         return self.full_every > 0 and self._version % self.full_every == 0
 
-
-def _same_layout(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> bool:
-    return set(old) == set(new) and all(
-        old[k].shape == new[k].shape and old[k].dtype == new[k].dtype for k in new
-    )
