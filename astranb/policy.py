@@ -64,11 +64,14 @@ class Policy:
         metrics for the run's metrics row.
         """
         version = self.trainer.version
+        # copying and encoding weights is heavy: keep it off the event loop
         if self.store is None:
-            update = WeightUpdate(self.name, version, self.trainer.weights())
-            await asyncio.wrap_future(self.engine.update_weights(update))
+            state = await anyio.to_thread.run_sync(self.trainer.weights)
+            await asyncio.wrap_future(self.engine.update_weights(WeightUpdate(self.name, version, state)))
             return {"transfer_kind": "state"}
-        stats = await anyio.to_thread.run_sync(self.store.publish, version, self.trainer.weights())
+        stats = await anyio.to_thread.run_sync(
+            lambda: self.store.publish(version, self.trainer.weights())
+        )
         payload = self.store.pull(self.engine.version, self.engine.weights_checksum)
         fallback = ""
         try:
@@ -88,7 +91,7 @@ class Policy:
             "weights_checksum": self.store.checksum,
         }
         if self.verify_weights:
-            metrics["engine_checksum"] = self.engine.published_checksum()
+            metrics["engine_checksum"] = await anyio.to_thread.run_sync(self.engine.published_checksum)
         return metrics
 
     async def _send(self, payload: bytes, version: int) -> dict:

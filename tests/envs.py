@@ -11,7 +11,9 @@ class CountA(Environment):
     """Reward = fraction of 'a' in an 8-token completion: varied rewards, long generations."""
 
     roles = ("solver",)
-    sampling = SamplingParams(max_new_tokens=8)
+
+    def __init__(self, max_new_tokens: int = 8):
+        self.sampling = SamplingParams(max_new_tokens=max_new_tokens)
 
     def samples(self, seed=0):
         rng = random.Random(seed)
@@ -27,6 +29,7 @@ class Flaky(CountA):
     """Raises in every episode whose sample index is odd-ish: failures mixed with successes."""
 
     def __init__(self, fail_every: int = 3):
+        super().__init__()
         self.fail_every = fail_every
         self.calls = 0
 

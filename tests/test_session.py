@@ -82,11 +82,22 @@ def test_no_trained_sample_exceeds_max_staleness(tmp_path_factory, max_staleness
 
 
 def test_generations_span_weight_updates_and_stay_within_bound(tmp_path):
-    session, policy = make_session(tmp_path)
+    """Generation made slower than a train step: the groups admitted after a publish are still
+    decoding when the next step publishes, so their completions carry two versions."""
+    session, policy = make_session(tmp_path, env=CountA(max_new_tokens=48))
+    model = policy.engine._model
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.003)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
     with session:
         run = session.train(steps=6, batch_size=8, group_size=4, max_staleness=1).wait(progress=False)
-    spanning = [e for e in run.episodes if len({v for t in e.turns for v in t["versions"]}) > 1]
+    spanning = [t for e in run.episodes for t in e.turns if len(set(t["versions"])) > 1]
     assert spanning, "expected some generations to span a weight update"
+    assert all(t["versions"] == sorted(t["versions"]) for t in spanning)
     assert (run.metrics["staleness_max"] <= 1).all()
 
 
