@@ -413,9 +413,10 @@ class HFEngine:
                 raise weights.BaseMismatch(
                     "the engine holds no published weights yet; send a full snapshot first"
                 )
-            self._mirror = {e["name"]: torch.empty(e["shape"], dtype=weights.dtype_named(e["dtype"]))
-                            for e in header.tensors}
-            self._check_update(WeightUpdate(self.name, update.version, self._mirror))
+            mirror = {e["name"]: torch.empty(e["shape"], dtype=weights.dtype_named(e["dtype"]))
+                      for e in header.tensors}
+            self._check_update(WeightUpdate(self.name, update.version, mirror))  # before keeping it
+            self._mirror = mirror
         try:
             weights.apply(self._mirror, update.payload, base_checksum=self._mirror_checksum)
         except weights.CorruptPayload:
