@@ -45,4 +45,6 @@ def load(name: str, **kwargs: Any) -> Environment:
     env = cls(**kwargs)
     if not isinstance(env, Environment):
         raise TypeError(f"entry point {name!r} built {env!r}, which is not an astranb Environment")
+    # how a rollout service builds the same environment (by name, never by shipping code)
+    env.registry_name, env.registry_kwargs = name, dict(kwargs)
     return env

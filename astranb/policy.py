@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from .algorithms import Algorithm
 from .engines.base import RolloutEngine
 from .models import ModelSpec
+from .services.pool import RolloutPool
+from .services.remote_trainer import RemoteTrainer
 from .training.local import AdamW, LocalTrainer
-from .types import WeightUpdate
+from .types import Batch, WeightUpdate
 from .weights import WeightTransferError
 from .weights.store import WeightStore
 
@@ -42,11 +44,18 @@ class Policy:
     spec: ModelSpec
     algorithm: Algorithm
     optimizer: AdamW
-    engine: RolloutEngine
-    trainer: LocalTrainer
+    engine: RolloutEngine | None
+    """The engine in this process (None when rollout services sample for the policy)."""
+    trainer: LocalTrainer | RemoteTrainer
     tokenizer: object = field(repr=False)
     store: WeightStore | None = None
     """Versioned weight store the trainer publishes through (None: plain state copies)."""
+    pool: RolloutPool | None = None
+    """Rollout services that sample for the policy (None: `engine` in this process)."""
+    max_batch_size: int = 64
+    """Most sequences an engine decodes at once."""
+    seed: int = 0
+    """Sampling seed of the engine(s)."""
     verify_weights: bool = False
     """Recompute the engine's weight checksum after every publish (tests; slow on big models)."""
 
@@ -54,6 +63,19 @@ class Policy:
     def version(self) -> int:
         """Weights version: the number of train steps taken."""
         return self.trainer.version
+
+    @property
+    def weights_checksum(self) -> int | None:
+        """Checksum of the latest published weights (None before the first publish)."""
+        if isinstance(self.trainer, RemoteTrainer):
+            return self.trainer.checksum
+        return self.store.checksum if self.store is not None else None
+
+    async def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step, off the event loop (a worker thread, or the trainer service)."""
+        if isinstance(self.trainer, RemoteTrainer):
+            return await self.trainer.step(batch)
+        return await anyio.to_thread.run_sync(self.trainer.step, batch)
 
     async def publish(self) -> dict[str, float | str]:
         """Send the trainer's current weights to the engine; returns once the engine uses them.
@@ -64,6 +86,8 @@ class Policy:
         metrics for the run's metrics row.
         """
         version = self.trainer.version
+        if self.pool is not None:
+            return await self._publish_to_services(version)
         # copying and encoding weights is heavy: keep it off the event loop
         if self.store is None:
             state = await anyio.to_thread.run_sync(self.trainer.weights)
@@ -94,6 +118,19 @@ class Policy:
             metrics["engine_checksum"] = await anyio.to_thread.run_sync(self.engine.published_checksum)
         return metrics
 
+    async def _publish_to_services(self, version: int) -> dict[str, float | str]:
+        """Rollout services pull from the trainer service, or get this process's store payload."""
+        metrics: dict[str, float | str] = {}
+        if not isinstance(self.trainer, RemoteTrainer):
+            stats = await anyio.to_thread.run_sync(
+                lambda: self.store.publish(version, self.trainer.weights())
+            )
+            metrics = {"changed_fraction": stats.changed_fraction,
+                       "encode_seconds": stats.encode_seconds}
+        metrics.update(await self.pool.publish(self))
+        metrics["weights_checksum"] = self.weights_checksum
+        return metrics
+
     async def _send(self, payload: bytes, version: int) -> dict:
         update = WeightUpdate(self.name, version, payload=payload)
         return await asyncio.wrap_future(self.engine.update_weights(update))
@@ -101,5 +138,5 @@ class Policy:
     def __repr__(self) -> str:
         return (
             f"Policy({self.name!r}, model={self.spec.name}, algorithm={self.algorithm.name}, "
-            f"version={self.version})"
+            f"version={self.version}{', remote' if self.pool is not None else ''})"
         )

@@ -90,6 +90,8 @@ class Recorder:
         self._observers: list[Callable[[str, Any], None]] = []
         self._metrics_file = open(directory / "metrics.jsonl", "a", encoding="utf-8")
         self._episodes_file = open(directory / "episodes.jsonl", "a", encoding="utf-8")
+        self._events: list[dict[str, Any]] = []
+        self._events_path = directory / "events.jsonl"
 
     # -- writing (event loop) ------------------------------------------------------------------
     def add_row(self, row: Mapping[str, Any]) -> None:
@@ -99,6 +101,20 @@ class Recorder:
             self._metrics_file.write(json.dumps(_jsonable(row)) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
+
+    def add_event(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """Something that happened outside the step rhythm (a trainer rollback, a failover)."""
+        event = {"kind": kind, **payload}
+        with self._lock:
+            self._events.append(event)
+            with open(self._events_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(_jsonable(event)) + "\n")
+        self._emit(kind, event)
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events)
 
     def add_episode(self, traj: Trajectory, trainer_version: int) -> Episode:
         with self._lock:

@@ -82,6 +82,7 @@ class Run:
         future: concurrent.futures.Future,
         stop: Callable[[], None],
         policies: list[str],
+        accounting: Callable[[], dict[str, int]] = dict,
     ):
         self.config = config
         self.directory: Path = recorder.directory
@@ -90,6 +91,7 @@ class Run:
         self._stop = stop
         self._policies = policies
         self._stopped = False
+        self._accounting = accounting
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -124,6 +126,17 @@ class Run:
     def on_event(self, observer: Callable[[str, Any], None]) -> Callable[[], None]:
         """Subscribe an observer to "metrics" rows and "episode" records (see Recorder)."""
         return self._recorder.on_event(observer)
+
+    @property
+    def accounting(self) -> dict[str, int]:
+        """Episode books: submitted, completed, resubmitted after a failover, duplicates
+        discarded, lost (must be 0), and trained_twice (must be 0)."""
+        return self._accounting()
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Things that happened outside the step rhythm (e.g. a trainer rollback)."""
+        return self._recorder.events
 
     @property
     def progress(self) -> tuple[int, int]:

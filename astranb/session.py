@@ -17,10 +17,11 @@ go on while the notebook runs other cells, and heavy torch work stays off the ke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from anyio.from_thread import start_blocking_portal
 
 from . import environments
 from .algorithms import GRPO, Algorithm
+from .algorithms.config import algorithm_to_dict
 from .dataflow.buffer import Buffer
 from .dataflow.orchestrator import Orchestrator
 from .dataflow.staleness import StalenessGate
@@ -40,6 +42,10 @@ from .models import ModelSpec, resolve
 from .policy import Policy
 from .recorder import Recorder
 from .run import Run, RunConfig
+from .services.client import TrainerClient
+from .services.pool import RolloutPool
+from .services.remote_trainer import RemoteTrainer
+from .services.wire import spec_to_wire
 from .training.local import AdamW, LocalTrainer
 from .training.loop import TrainLoop
 from .types import WeightUpdate
@@ -58,6 +64,13 @@ class Session:
         device: torch device for engines and trainers ("cpu", "cuda", ...).
         torch_threads: intra-op threads per torch worker; default: half the cores (the engine
             and the trainer run side by side), at least 1.
+        rollout: URLs of rollout services (`astranb serve rollout`); episodes are played there
+            instead of in this process. Services can be added and removed while a run goes on.
+        trainer: URL of a trainer service (`astranb serve trainer`); policies train there.
+        token: bearer token of the services (default: $ASTRANB_TOKEN).
+        failure_timeout: seconds a rollout service may stay silent before its in-flight
+            episodes are resubmitted to the others.
+        transport: httpx transport per URL, `url -> transport` (in-process tests).
     """
 
     def __init__(
@@ -66,6 +79,11 @@ class Session:
         *,
         device: str = "cpu",
         torch_threads: int | None = None,
+        rollout: Sequence[str] | str | None = None,
+        trainer: str | None = None,
+        token: str | None = None,
+        failure_timeout: float = 5.0,
+        transport: Callable[[str], Any] | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -77,6 +95,17 @@ class Session:
         self._portal = None
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
         torch.set_num_threads(threads)
+        token = token if token is not None else os.environ.get("ASTRANB_TOKEN") or None
+        urls = [rollout] if isinstance(rollout, str) else list(rollout or [])
+        self._pool = RolloutPool(urls, token, self.policies, failure_timeout=failure_timeout,
+                                 transport=transport) if urls else None
+        self._trainer = None
+        if trainer is not None:
+            if self._pool is None:
+                raise ValueError("a trainer service needs rollout services too: pass "
+                                 "rollout=[url, ...] (`astranb serve rollout` on the GPU hosts)")
+            self._trainer = TrainerClient(trainer, token, transport=transport(trainer) if transport else None)
+            self._pool.trainer_url = self._trainer.url
 
     # -- building --------------------------------------------------------------------------------
     def policy(
@@ -119,13 +148,16 @@ class Session:
         spec = resolve(model)
         algorithm = algorithm or GRPO()
         optimizer = optimizer or AdamW()
+        if self._pool is not None:
+            return self._remote_policy(name, spec, algorithm, optimizer, max_batch_size, seed, full_every)
         dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
         trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
         self._stack.callback(eng.close)
         store = WeightStore(name, full_every=full_every) if weight_transfer == "delta" else None
-        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer, store)
+        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer, store,
+                        max_batch_size=max_batch_size, seed=seed)
         if store is not None:
             # version 0 goes out as a full snapshot, so the engine samples from exactly the
             # published (bf16) weights from the first token on
@@ -133,6 +165,49 @@ class Session:
             eng.update_weights(WeightUpdate(name, trainer.version, payload=store.pull_full())).result()
         self.policies[name] = policy
         return policy
+
+    def _remote_policy(self, name, spec, algorithm, optimizer, max_batch_size, seed, full_every) -> Policy:
+        """A policy whose episodes run on rollout services (and trains on the trainer service)."""
+        if self._trainer is not None:
+            body = {"name": name, "model": spec_to_wire(spec), "algorithm": algorithm_to_dict(algorithm),
+                    "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
+            trainer = RemoteTrainer(self._trainer, body)
+            self._loop().call(trainer.create)
+            store = None
+        else:
+            dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
+            store = WeightStore(name, full_every=full_every)
+            store.publish(trainer.version, trainer.weights())
+        policy = Policy(name, spec, algorithm, optimizer, None, trainer, spec.tokenizer(), store,
+                        pool=self._pool, max_batch_size=max_batch_size, seed=seed)
+        self.policies[name] = policy
+        try:
+            self._loop().call(self._pool.prepare)  # every service builds its engine now
+        except Exception:
+            del self.policies[name]
+            raise
+        return policy
+
+    def add_rollout(self, url: str) -> None:
+        """Use one more rollout service (also while a run goes on: it catches up, then gets work)."""
+        if self._pool is None:
+            raise ValueError("this session plays episodes in this process; create it with "
+                             "Session(..., rollout=[url, ...]) to use rollout services")
+        self._loop().call(self._pool.add, url)
+
+    def remove_rollout(self, url: str) -> None:
+        """Stop using a rollout service; its in-flight episodes are resubmitted to the others."""
+        if self._pool is None:
+            raise ValueError("this session has no rollout services")
+        self._loop().call(self._pool.remove, url)
+
+    @property
+    def rollout_services(self) -> dict[str, str]:
+        """URL -> state ("new", "ready", "suspect", "dead") of each rollout service."""
+        if self._pool is None:
+            return {}
+        return {m.url: m.state for m in self._pool.members.values() if not m.removed}
 
     def wire(self, env: Environment | str, **roles: Policy) -> Environment:
         """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`."""
@@ -184,8 +259,12 @@ class Session:
             {p.name: _decoder(p) for p in wiring.values()},
         )
         scope_box: list[anyio.CancelScope] = []
-        future = self._loop().start_task_soon(self._run_main, config, env, wiring, recorder, scope_box)
-        run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted({p.name for p in wiring.values()}))
+        books: dict[str, int] = {}  # filled when the run ends; live numbers until then
+        future = self._loop().start_task_soon(self._run_main, config, env, wiring, recorder,
+                                              scope_box, books)
+        run = Run(config, recorder, future, lambda: self._cancel(scope_box),
+                  sorted({p.name for p in wiring.values()}),
+                  lambda: dict(books) or self._loop().call(self._accounting))
         self._runs.append(run)
         return run
 
@@ -199,9 +278,14 @@ class Session:
         return list(self._runs)
 
     def close(self) -> None:
-        """Stop running runs, close engines and the background loop."""
+        """Stop running runs, close engines, service clients and the background loop."""
         for run in self._runs:
             run.stop()
+        if self._portal is not None:
+            if self._pool is not None:
+                self._portal.call(self._pool.close)
+            if self._trainer is not None:
+                self._portal.call(self._trainer.close)
         self._stack.close()
         self._portal = None
 
@@ -244,24 +328,30 @@ class Session:
         if scope_box and self._portal is not None:
             self._portal.call(scope_box[0].cancel)
 
-    async def _run_main(self, config, env, wiring, recorder: Recorder, scope_box) -> None:
+    async def _run_main(self, config, env, wiring, recorder: Recorder, scope_box, books) -> None:
         policies = {p.name: p for p in wiring.values()}
         gate = StalenessGate(policies, config.groups_per_batch, config.max_staleness)
         buffers = {name: Buffer(name, config.order) for name in policies}
         orchestrator = Orchestrator(env, wiring, buffers, gate, recorder,
                                     group_size=config.group_size, seed=config.seed,
-                                    max_consecutive_failures=max(64, 2 * config.batch_size))
+                                    max_consecutive_failures=max(64, 2 * config.batch_size),
+                                    pool=self._pool)
+        if self._pool is not None:
+            self._pool.wire_env(env, wiring)
         started = time.perf_counter()
         loops = [
             TrainLoop(p, buffers[n], gate, recorder, orchestrator.counters,
                       p.version + config.steps, config.groups_per_batch,
-                      config.max_staleness, started)
+                      config.max_staleness, started, pool=self._pool)
             for n, p in policies.items()
         ]
+        self._loops = loops  # read by _accounting
         try:
             with anyio.CancelScope() as scope:
                 scope_box.append(scope)
                 async with anyio.create_task_group() as tg:
+                    if self._pool is not None:
+                        tg.start_soon(self._pool.run)
                     tg.start_soon(orchestrator.run, gate.capacity)
                     async with anyio.create_task_group() as trainers:
                         for loop in loops:
@@ -270,9 +360,18 @@ class Session:
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
         finally:
+            books.update(self._accounting())
             recorder.close()
 
+    def _accounting(self) -> dict[str, int]:
+        """The current run's episode books (called on the loop)."""
+        trained_twice = sum(loop.trained_twice for loop in getattr(self, "_loops", []))
+        books = self._pool.accounting() if self._pool is not None else {}
+        return {**books, "trained_twice": trained_twice}
+
     async def _evaluate(self, env, wiring, n: int, seed: int) -> dict[str, float]:
+        if self._pool is not None:
+            return await self._evaluate_remote(env, wiring, n, seed)
         samples = iter(env.samples(seed))
         totals: dict[str, list[float]] = {r: [] for r in env.roles}
         errors: list[str] = []
@@ -295,6 +394,23 @@ class Session:
         result = {role: sum(v) / len(v) for role, v in totals.items() if v}
         if errors:
             result["failed_episodes"] = float(len(errors))
+        return result
+
+
+    async def _evaluate_remote(self, env, wiring, n: int, seed: int) -> dict[str, float]:
+        samples = iter(env.samples(seed))
+        self._pool.wire_env(env, wiring)
+        batch = [(f"eval-{self._pool.tag}-{seed}-{i}", dict(next(samples)), -1, 0) for i in range(n)]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._pool.run)
+            results = await self._pool.play(env, batch)
+            tg.cancel_scope.cancel()
+        ok = [t for t in results if t.ok]
+        if not ok:
+            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n{results[0].error}")
+        result = {r: sum(t.rewards[r] for t in ok) / len(ok) for r in env.roles}
+        if len(ok) < n:
+            result["failed_episodes"] = float(n - len(ok))
         return result
 
 

@@ -108,6 +108,8 @@ class Trajectory:
     """Traceback text when the episode raised; such an episode is never trained on."""
     started_version: int = 0
     """Trainer version when the episode was admitted."""
+    id: str = ""
+    """Episode id, unique within a run ("<group>.<index>"); services deduplicate results by it."""
 
     @property
     def ok(self) -> bool:

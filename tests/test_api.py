@@ -21,7 +21,10 @@ def params(fn):
 
 
 def test_main_signatures():
-    assert params(ab.Session) == ["directory", "device", "torch_threads"]
+    assert params(ab.Session) == ["directory", "device", "torch_threads", "rollout", "trainer",
+                                  "token", "failure_timeout", "transport"]
+    assert params(ab.Session.add_rollout) == ["self", "url"]
+    assert params(ab.Session.remove_rollout) == ["self", "url"]
     assert params(ab.Session.policy) == [
         "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed",
         "weight_transfer", "full_every"]

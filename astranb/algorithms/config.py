@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from .advantages import group_advantages
 from .losses import ppo_clip_loss
 from .m2po import m2po_loss
 
-__all__ = ["Algorithm", "GRPO", "M2PO"]
+__all__ = ["Algorithm", "GRPO", "M2PO", "algorithm_to_dict", "algorithm_from_dict"]
 
 
 def _check_bool(algorithm: str, field: str, value: object) -> None:
@@ -233,3 +234,47 @@ class M2PO(Algorithm):
             only_violating=self.only_violating,
             num_tokens=num_tokens,
         )
+
+
+_KINDS: dict[str, type[Algorithm]] = {"grpo": GRPO, "m2po": M2PO}
+
+
+def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
+    """A JSON-able description of an algorithm config, for sending it to another process.
+
+    Args:
+        algorithm: a GRPO or M2PO config.
+
+    Returns:
+        {"kind": "grpo" | "m2po", **fields}; `algorithm_from_dict` turns it back.
+
+    Raises:
+        TypeError: for any other Algorithm subclass (its fields and code cannot travel as JSON).
+    """
+    kind = getattr(algorithm, "name", None)
+    if _KINDS.get(kind) is not type(algorithm):
+        raise TypeError(
+            f"only GRPO and M2PO configs can be sent to trainer processes, got {algorithm!r}; "
+            "build the policy with astranb.GRPO(...) or astranb.M2PO(...)"
+        )
+    return {"kind": kind, **asdict(algorithm)}
+
+
+def algorithm_from_dict(data: dict[str, Any]) -> Algorithm:
+    """The config `algorithm_to_dict` described (validated again, as when built by hand).
+
+    Args:
+        data: {"kind": ..., **fields}.
+
+    Raises:
+        ValueError: unknown kind or unknown field.
+    """
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind not in _KINDS:
+        raise ValueError(f"unknown algorithm kind {kind!r}; expected one of {sorted(_KINDS)}")
+    cls = _KINDS[kind]
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+    return cls(**data)

@@ -94,6 +94,12 @@ class Buffer:
                 batch.append(group)
         return batch
 
+    def drain(self) -> list[Group]:
+        """Remove and return every waiting group."""
+        groups = [g for _, _, g in self._heap]
+        self._heap.clear()
+        return groups
+
     def stale_count(self, version: int, max_staleness: int) -> int:
         """How many waiting groups are already too stale for `version` (for metrics)."""
         return sum(

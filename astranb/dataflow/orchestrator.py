@@ -60,6 +60,7 @@ class Orchestrator:
         group_size: episodes per sample.
         seed: seed of the sample stream.
         max_consecutive_failures: stop the run after this many failed episodes in a row.
+        pool: a RolloutPool: episodes are played on rollout services instead of in this process.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class Orchestrator:
         group_size: int,
         seed: int = 0,
         max_consecutive_failures: int = 64,
+        pool=None,
     ):
         self.env = env
         self.wiring = dict(wiring)
@@ -86,6 +88,7 @@ class Orchestrator:
         self._policies = {p.name: p for p in self.wiring.values()}
         self._consecutive_failures = 0
         self._max_failures = max_consecutive_failures
+        self.pool = pool
 
     async def run(self, workers: int) -> None:
         """Run `workers` group workers until cancelled."""
@@ -109,6 +112,8 @@ class Orchestrator:
         """Play group_size episodes of `sample` concurrently; failed ones are left out."""
         group_id = next(self._group_ids)
         admitted = min(p.version for p in self._policies.values())
+        if self.pool is not None:
+            return await self._play_remote(sample, group_id, admitted)
         results: list[Trajectory | None] = [None] * self.group_size
 
         async def play(i: int) -> None:
@@ -120,6 +125,17 @@ class Orchestrator:
         ok = tuple(t for t in results if t is not None and t.ok)
         used = frozenset(turn.policy for t in ok for turn in t.turns)
         return Group(group_id, ok, admitted, used)
+
+    async def _play_remote(self, sample, group_id: int, admitted: int) -> Group:
+        epoch = self.pool.epoch
+        ids = self.pool.episode_ids(group_id, self.group_size)
+        results = await self.pool.play(self.env, [(i, dict(sample), group_id, admitted) for i in ids])
+        for traj in results:
+            self._count(traj)
+        if self.pool.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
+            return Group(group_id, (), admitted, frozenset())
+        ok = tuple(t for t in results if t.ok)
+        return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns))
 
     async def play_episode(self, sample, group_id: int, admitted: int) -> Trajectory:
         """One episode; an exception becomes a failed, recorded trajectory."""

@@ -1,0 +1,155 @@
+"""What every astranb service shares: bind rules, bearer-token auth, body limits, body encodings.
+
+A service listens on loopback unless told otherwise, and refuses to listen anywhere else without a
+token. With a token, every endpoint but the liveness probe `/health` wants
+`Authorization: Bearer <token>`. Bodies above `max_body_bytes` are refused with 413 before they are
+read. Request bodies may be JSON or msgpack (msgpack is turned into JSON before FastAPI validates
+it, so one schema serves both); the hot endpoints answer in the encoding the client accepts.
+Malformed requests get a 4xx whose message names the bad field.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import socket
+from dataclasses import dataclass
+
+import msgpack
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from .wire import JSON, MSGPACK, pack
+
+__all__ = ["ServiceConfig", "InsecureBind", "install", "reply", "free_port", "is_loopback"]
+
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+class InsecureBind(ValueError):
+    """A service was asked to listen beyond loopback without a token."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Where and how a service listens.
+
+    Attributes:
+        host: bind address; loopback by default.
+        port: TCP port (0 picks a free one).
+        token: bearer token every request must carry (required for non-loopback binds).
+        max_body_bytes: largest request body accepted.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    max_body_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if not is_loopback(self.host) and not self.token:
+            raise InsecureBind(
+                f"refusing to listen on {self.host!r} without a token: anyone who can reach the "
+                "port could drive the service. Pass --token (or ASTRANB_TOKEN) or bind 127.0.0.1."
+            )
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+
+
+def install(app: FastAPI, config: ServiceConfig) -> FastAPI:
+    """Add auth, the body limit, msgpack bodies and field-naming validation errors to `app`."""
+    app.add_middleware(_Guard, token=config.token, limit=config.max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError):
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in error.errors()
+        ]
+        return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
+
+    @app.exception_handler(ValueError)
+    async def _bad_value(request: Request, error: ValueError):
+        return JSONResponse({"error": str(error)}, status_code=400)
+
+    return app
+
+
+def reply(request: Request, data, status_code: int = 200) -> Response:
+    """Answer `data` in msgpack when the client accepts it, else JSON."""
+    kind = MSGPACK if MSGPACK in request.headers.get("accept", "") else JSON
+    return Response(pack(data, kind), status_code=status_code, media_type=kind)
+
+
+class _Guard:
+    """Pure ASGI middleware: token check, body limit, msgpack request bodies to JSON."""
+
+    def __init__(self, app, token: str | None, limit: int):
+        self.app, self.limit = app, limit
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.expected and scope["path"] not in PUBLIC_PATHS:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                return await _send_error(send, 401, "missing or wrong bearer token; send "
+                                         "'Authorization: Bearer <token>' (the service's --token)")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await _send_error(send, 413, f"request body larger than {self.limit} bytes")
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await _send_error(send, 413, f"request body larger than {self.limit} bytes")
+        kind = headers.get(b"content-type", b"").split(b";")[0].strip()
+        if kind in (MSGPACK.encode(), b"application/x-msgpack"):
+            try:
+                body = json.dumps(msgpack.unpackb(body, raw=False), separators=(",", ":")).encode()
+            except (ValueError, TypeError, msgpack.UnpackException) as error:
+                return await _send_error(send, 400, f"body is not valid msgpack: {error}")
+            scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
+                                         if k not in (b"content-type", b"content-length")]
+                         + [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())])
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _send_error(send, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for tests and `--port 0` reporting)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

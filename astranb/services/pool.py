@@ -1,0 +1,383 @@
+"""The Session's view of its rollout services: routing, heartbeats, failover, weight broadcast.
+
+Each member (one rollout service) has a loop that pulls finished episodes with a short long-poll;
+every answer doubles as a heartbeat and carries the service's instance id and availability. A
+member that stops answering is *suspect* (it gets no new work) and, after `failure_timeout`
+seconds without an answer, *dead*: its in-flight episodes go back in the queue for the others.
+A dead member keeps being probed; when it answers again (a restart is a new instance id, whose
+in-flight work is treated as lost and resubmitted) it first catches up: policies created, weights
+synced to the current version, environments registered; only then does it get work again.
+
+Episodes are identified by id. The first result for an id wins; any later one (a resubmitted
+episode whose first copy still arrived) is acknowledged and discarded, so no episode is trained
+twice and, since nothing leaves the books before its result is in, none is lost. `accounting()`
+reports the totals.
+
+Weights: after a train step `publish(policy)` brings every ready member to the new version,
+either by telling it to pull from the trainer service (delta when its base matches, else full)
+or, with a trainer in this process, by pushing the store's payload.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..environment import Environment
+from ..types import Trajectory
+from .client import RolloutClient, ServiceError, ServiceUnavailable
+from .wire import spec_to_wire, trajectory_from_wire
+
+__all__ = ["RolloutPool", "NoRolloutService"]
+
+
+class NoRolloutService(RuntimeError):
+    """No rollout service answered for longer than the pool's patience."""
+
+
+@dataclass(eq=False)
+class Member:
+    """One rollout service as the pool sees it."""
+
+    url: str
+    client: RolloutClient
+    state: str = "new"  # new -> ready <-> suspect -> dead -> ready (after catching up)
+    instance_id: str | None = None
+    last_ok: float = field(default_factory=time.monotonic)
+    availability: int = 0
+    inflight: dict[str, dict] = field(default_factory=dict)
+    acks: list[str] = field(default_factory=list)
+    env_ids: dict[int, str] = field(default_factory=dict)
+    removed: bool = False
+    last_error: str = ""
+
+    @property
+    def room(self) -> int:
+        return self.availability - len(self.inflight) if self.state == "ready" else -1
+
+
+@dataclass
+class _Waiter:
+    event: anyio.Event = field(default_factory=anyio.Event)
+    result: Trajectory | None = None
+
+
+class RolloutPool:
+    """Rollout services of a Session.
+
+    Args:
+        urls: base URLs of rollout services.
+        token: bearer token.
+        policies: name -> Policy (created on every member).
+        failure_timeout: seconds without an answer before a member is declared dead.
+        poll_wait: long-poll seconds of each pull (also the heartbeat period).
+        transport: httpx transport factory (tests): url -> transport.
+    """
+
+    def __init__(self, urls, token: str | None, policies: Mapping[str, Any], *,
+                 failure_timeout: float = 5.0, poll_wait: float = 0.2, patience: float = 600.0,
+                 transport=None):
+        self.token, self.policies = token, policies
+        self.failure_timeout, self.poll_wait, self.patience = failure_timeout, poll_wait, patience
+        self._transport = transport
+        self.members: dict[str, Member] = {}
+        for url in urls:
+            self._new_member(url)
+        self.trainer_url: str | None = None
+        self._queue: deque[dict] = deque()
+        self._queued = anyio.Event()
+        self._waiting: dict[str, _Waiter] = {}
+        self._envs: dict[int, tuple[Environment, dict[str, str], dict]] = {}
+        self._weights_lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.epoch = 0
+        self.counts: dict[str, int] = {}
+        self._new_books()
+
+    def _new_books(self) -> None:
+        """Episode ids and books are per run: results of an earlier run are recognised and
+        ignored (acknowledged so the service forgets them)."""
+        self.tag = uuid.uuid4().hex[:8]
+        self.counts = dict.fromkeys(("submitted", "completed", "resubmitted", "duplicates",
+                                     "abandoned", "stale_results", "failovers", "rejoins"), 0)
+
+    # -- membership --------------------------------------------------------------------------------
+    def _new_member(self, url: str) -> Member:
+        url = url.rstrip("/")
+        if url in self.members and not self.members[url].removed:
+            raise ValueError(f"{url} is a rollout service of this session already")
+        transport = self._transport(url) if self._transport else None
+        member = Member(url, RolloutClient(url, self.token, transport=transport))
+        self.members[url] = member
+        return member
+
+    def add(self, url: str) -> None:
+        """A new rollout service; it gets work once it has caught up."""
+        member = self._new_member(url)
+        if self._tg is not None:
+            self._tg.start_soon(self._member_loop, member)
+
+    def remove(self, url: str) -> None:
+        """Stop using a rollout service; its in-flight episodes are resubmitted elsewhere."""
+        member = self.members.get(url.rstrip("/"))
+        if member is None or member.removed:
+            raise ValueError(f"{url} is not a rollout service of this session: {sorted(self.members)}")
+        member.removed = True
+        self._fail_over(member)
+
+    def ready(self) -> list[Member]:
+        return [m for m in self.members.values() if m.state == "ready" and not m.removed]
+
+    async def prepare(self) -> None:
+        """Catch every member up now (policy creation): a service that cannot is an error here."""
+        for member in self.members.values():
+            if not member.removed and not await self._catch_up(member):
+                raise ServiceUnavailable(
+                    f"rollout service {member.url} could not be prepared: {member.last_error}. "
+                    "Start it (`astranb serve rollout`) or leave it out of Session(rollout=...)"
+                )
+
+    # -- running -----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Member loops and the submitter, until cancelled (owned by the run's task group)."""
+        self._new_books()
+        self._queue.clear()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                for member in list(self.members.values()):
+                    if member.state != "dead":
+                        member.state = "new"  # catch up (idempotent) before the first episode
+                    tg.start_soon(self._member_loop, member)
+                tg.start_soon(self._submitter)
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+
+    async def _member_loop(self, member: Member) -> None:
+        while not member.removed:
+            if member.state in ("new", "dead"):
+                if not await self._catch_up(member):
+                    await anyio.sleep(min(1.0, self.poll_wait * 5))
+                continue
+            await self._pull(member)
+
+    async def _catch_up(self, member: Member) -> bool:
+        """Bring a (re)joining member to the session's policies, weights and environments."""
+        try:
+            status = await member.client.status(timeout=5)
+            for name, policy in self.policies.items():
+                await member.client.add_policy(name, spec_to_wire(policy.spec),
+                                               max_batch_size=policy.max_batch_size, seed=policy.seed)
+            async with self._weights_lock:
+                for policy in self.policies.values():
+                    await self._sync(member, policy)
+                for key, (env, roles, kwargs) in self._envs.items():
+                    member.env_ids[key] = await member.client.register(_env_name(env), roles, kwargs)
+                fresh = member.instance_id != status["instance_id"]
+                if member.instance_id is not None and fresh:
+                    self.counts["rejoins"] += 1
+                member.instance_id, member.availability = status["instance_id"], status["availability"]
+                member.state, member.last_ok = "ready", time.monotonic()
+        except (ServiceUnavailable, ServiceError) as error:
+            member.last_error = str(error)
+            return False
+        self._queued.set()
+        return True
+
+    async def _pull(self, member: Member) -> None:
+        acks, member.acks = member.acks, []
+        try:
+            answer = await member.client.pull(acks, wait=self.poll_wait)
+        except (ServiceUnavailable, ServiceError):
+            member.acks = acks + member.acks
+            self._missed(member)
+            await anyio.sleep(self.poll_wait)
+            return
+        if answer.get("instance_id") != member.instance_id:  # restarted in between: work lost
+            self._fail_over(member)
+            return
+        member.last_ok, member.availability = time.monotonic(), answer.get("availability", 0)
+        if member.state == "suspect":
+            member.state = "ready"
+            self._queued.set()
+        for result in answer["results"]:
+            member.acks.append(result["id"])
+            member.inflight.pop(result["id"], None)
+            self._deliver(result)
+        if answer["results"]:
+            self._queued.set()  # room freed
+
+    def _missed(self, member: Member) -> None:
+        if time.monotonic() - member.last_ok > self.failure_timeout:
+            self._fail_over(member)
+        elif member.state == "ready":
+            member.state = "suspect"
+
+    def _fail_over(self, member: Member) -> None:
+        """Declare the member dead and put its in-flight episodes back in the queue."""
+        if member.inflight:
+            self.counts["failovers"] += 1
+        for item in member.inflight.values():
+            if item["id"] in self._waiting:
+                self.counts["resubmitted"] += 1
+                self._queue.appendleft(item)
+        member.inflight.clear()
+        member.acks.clear()
+        member.state = "dead"
+        self._queued.set()
+
+    def _deliver(self, result: dict) -> None:
+        if not result["id"].startswith(self.tag):
+            self.counts["stale_results"] += 1  # from an earlier run
+            return
+        waiter = self._waiting.get(result["id"])
+        if waiter is None or waiter.result is not None:
+            self.counts["duplicates"] += 1
+            return
+        waiter.result = trajectory_from_wire(result)
+        self.counts["completed"] += 1
+        waiter.event.set()
+
+    async def _submitter(self) -> None:
+        while True:
+            if not self._queue:
+                await self._wait_queued()
+                continue
+            targets = sorted(self.ready(), key=lambda m: m.room, reverse=True)
+            if not targets or targets[0].room <= 0:
+                await self._wait_queued(timeout=self.poll_wait)
+                if not self.ready():
+                    self._check_patience()
+                continue
+            member = targets[0]
+            take = min(member.room, len(self._queue), 4096)
+            items = [self._queue.popleft() for _ in range(take)]
+            items = [i for i in items if i["id"] in self._waiting]  # not abandoned meanwhile
+            if not items:
+                continue
+            for item in items:
+                member.inflight[item["id"]] = item
+            wire = [dict(i, env_id=member.env_ids[i["env"]]) for i in items]
+            for w in wire:
+                w.pop("env")
+            try:
+                await member.client.submit(wire)
+            except (ServiceUnavailable, ServiceError):
+                self._missed(member)
+                if member.state == "ready":
+                    member.state = "suspect"
+                # the service may or may not have them: keep them on its books until it answers
+                # (then they arrive) or it is declared dead (then they are resubmitted)
+
+    async def _wait_queued(self, timeout: float | None = None) -> None:
+        self._queued = anyio.Event()
+        with anyio.move_on_after(timeout if timeout is not None else math.inf):
+            await self._queued.wait()
+
+    def _check_patience(self) -> None:
+        newest = max((m.last_ok for m in self.members.values() if not m.removed), default=0.0)
+        if time.monotonic() - newest > self.patience:
+            raise NoRolloutService(
+                f"no rollout service has answered for {self.patience:.0f} s "
+                f"({', '.join(self.members)}); start one and call session.add_rollout(url)"
+            )
+
+    # -- episodes ----------------------------------------------------------------------------------
+    def wire_env(self, env: Environment, wiring: Mapping[str, Any]) -> None:
+        """Play `env` with these role -> policy names; members register it when they catch up."""
+        roles = {role: p.name for role, p in wiring.items()}
+        self._envs[id(env)] = (env, roles, getattr(env, "registry_kwargs", {}))
+        for member in self.members.values():
+            if member.state != "dead":
+                member.state = "new"  # catch up (idempotent) before the next episode
+
+    async def play(self, env: Environment, samples: list[tuple[str, dict, int, int]]) -> list[Trajectory]:
+        """Play episodes (id, sample, group, admitted_version) on the services; results in order."""
+        key = id(env)
+        if key not in self._envs:
+            raise RuntimeError(f"{env.name} is not wired to the rollout services")
+        waiters = []
+        for episode_id, sample, group, admitted in samples:
+            waiter = self._waiting.setdefault(episode_id, _Waiter())
+            waiters.append(waiter)
+            self._queue.append({"id": episode_id, "env": key, "sample": sample, "group": group,
+                                "started_version": admitted})
+            self.counts["submitted"] += 1
+        self._queued.set()
+        try:
+            for waiter in waiters:
+                await waiter.event.wait()
+        finally:
+            for episode_id, *_ in samples:
+                waiter = self._waiting.pop(episode_id, None)
+                if waiter is not None and waiter.result is None:
+                    self.counts["abandoned"] += 1  # the run ended (or was stopped) first
+        return [w.result for w in waiters]
+
+    def episode_ids(self, group: int, n: int) -> list[str]:
+        return [f"{self.tag}.{self.epoch}.{group}.{i}" for i in range(n)]
+
+    def accounting(self) -> dict[str, int]:
+        """This run's episode books. Every submitted episode is completed, still awaited, or
+        abandoned because the run ended first; `lost` counts the rest and must be 0."""
+        waiting = len(self._waiting)
+        c = self.counts
+        lost = c["submitted"] - c["completed"] - c["abandoned"] - waiting
+        return {**c, "awaited": waiting, "lost": lost}
+
+    # -- weights -----------------------------------------------------------------------------------
+    async def publish(self, policy) -> dict[str, Any]:
+        """Bring every ready member to the policy's current version; transfer metrics."""
+        async with self._weights_lock:
+            answers = {}
+
+            async def one(member: Member) -> None:
+                try:
+                    answers[member.url] = await self._sync(member, policy)
+                except (ServiceUnavailable, ServiceError):
+                    self._fail_over(member)  # it catches up when it answers again
+
+            async with anyio.create_task_group() as tg:
+                for member in self.ready():
+                    tg.start_soon(one, member)
+        kinds = sorted({a["kind"] for a in answers.values()})
+        return {
+            "transfer_kind": "+".join(kinds) or "none",
+            "transfer_bytes": sum(a.get("bytes", 0) for a in answers.values()),
+            "rollout_services": len(answers),
+            "rollout_checksums": ",".join(str(a["checksum"]) for a in answers.values()),
+            "rollout_versions": ",".join(str(a["version"]) for a in answers.values()),
+        }
+
+    async def _sync(self, member: Member, policy) -> dict:
+        if self.trainer_url is not None:
+            return await member.client.notify_version(policy.name, policy.version, self.trainer_url,
+                                                      policy.weights_checksum)
+        status = (await member.client.status())["policies"][policy.name]
+        if status["version"] == policy.version and status["checksum"] == policy.store.checksum:
+            return status | {"kind": "none", "bytes": 0}
+        payload = policy.store.pull(status["version"], status["checksum"])
+        try:
+            return await member.client.push_weights(policy.name, payload)
+        except ServiceError as error:
+            if error.status != 409:
+                raise
+            payload = policy.store.pull_full()
+            return await member.client.push_weights(policy.name, payload)
+
+    async def close(self) -> None:
+        for member in self.members.values():
+            await member.client.close()
+
+
+def _env_name(env: Environment) -> str:
+    return getattr(env, "registry_name", None) or env.name
+

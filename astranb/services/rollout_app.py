@@ -1,0 +1,517 @@
+"""The rollout service: plays episodes of registered environments on its engines, over HTTP.
+
+A Session (or anyone with the token) drives it in four moves, as AstraFlow's rollout service:
+
+1. `POST /v1/policies`     build an engine for a policy from a model spec (hf | sglang | instant);
+2. `POST /v1/environments` register an environment by its installed name, with role -> policy;
+3. `POST /v1/submit`       queue episodes (id, environment, sample); `GET /v1/availability` says
+                           how many more it takes now;
+4. `POST /v1/pull`         collect finished episodes (long-poll with `wait`), acknowledging the
+                           ones already received so they are forgotten.
+
+Weights reach an engine in two ways: `POST /v1/notify_version` makes the service pull the new
+version from the trainer service (a delta when its own weights are exactly the previous version,
+else a full snapshot), and `POST /v1/weights/{policy}` pushes a payload in the body.
+
+Results are kept until acknowledged, so a lost response loses nothing; a duplicate submit (the
+same id) is ignored. Environments are never shipped over the wire: the service builds them from
+the installed registry (entry points) or from the operator's `--environment NAME=module:Class`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import httpx
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from .. import environments, weights
+from ..environment import Environment, EpisodeContext
+from ..types import GenerationRequest, Trajectory, WeightUpdate
+from .http import ServiceConfig, install, reply
+from .wire import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire, trajectory_to_wire
+
+__all__ = ["RolloutConfig", "RolloutService", "create_app"]
+
+NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What a rollout service runs.
+
+    Attributes:
+        engine: "hf" (torch continuous batching), "sglang" (an SGLang server) or "instant"
+            (no model; for benchmarks of the service path).
+        device: torch device of hf engines.
+        max_inflight: episodes played at once; availability() is what is left of it.
+        environments: extra environments the operator allows, name -> "module:Class".
+        sglang_url: attach sglang engines to this server instead of launching one.
+        service: bind address, port, token, body limit.
+    """
+
+    engine: Literal["hf", "sglang", "instant"] = "hf"
+    device: str = "cpu"
+    max_inflight: int = 512
+    environments: dict[str, str] = field(default_factory=dict)
+    sglang_url: str | None = None
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+
+
+# -- request bodies (validated by FastAPI, published in the OpenAPI schema) ----------------------
+
+class ModelIn(BaseModel):
+    name: str = Field(max_length=200)
+    path: str | None = Field(default=None, max_length=4096)
+    config: dict[str, Any] = {}
+    seed: int = 0
+
+
+class PolicyIn(BaseModel):
+    name: str = Field(pattern=NAME)
+    model: ModelIn
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    seed: int = 0
+
+
+class EnvironmentIn(BaseModel):
+    name: str = Field(pattern=NAME)
+    kwargs: dict[str, Any] = {}
+    roles: dict[str, str] = Field(min_length=1)
+
+
+class EpisodeIn(BaseModel):
+    id: str = Field(min_length=1, max_length=200)
+    env_id: str = Field(min_length=1, max_length=200)
+    sample: dict[str, Any]
+    group: int = 0
+    started_version: int = 0
+
+
+class SubmitIn(BaseModel):
+    items: list[EpisodeIn] = Field(max_length=100_000)
+    lane: Literal["train", "eval"] = "train"
+
+
+class PullIn(BaseModel):
+    ack: list[str] = Field(default=[], max_length=1_000_000)
+    max: int = Field(default=512, ge=1, le=100_000)
+    wait: float = Field(default=0.0, ge=0.0, le=60.0)
+    lane: Literal["train", "eval"] = "train"
+    resend: bool = False
+
+
+class NotifyIn(BaseModel):
+    policy: str = Field(pattern=NAME)
+    version: int = Field(ge=0)
+    url: str = Field(pattern=r"^https?://", max_length=2048)
+    checksum: int | None = None
+
+
+class SamplingIn(BaseModel):
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=16, ge=1, le=65536)
+    stop_token_ids: list[int] = []
+
+
+class GenerateIn(BaseModel):
+    policy: str = Field(pattern=NAME)
+    prompt_ids: list[int] = Field(min_length=1, max_length=1_000_000)
+    sampling: SamplingIn = SamplingIn()
+
+
+# -- the service ----------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Slot:
+    """One policy's engine on this service (what EpisodeContext needs of a policy)."""
+
+    name: str
+    engine: Any
+    tokenizer: Any
+    spec: dict
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    updating: bool = False
+
+
+class RolloutService:
+    """The state behind the HTTP app (usable in-process, e.g. in tests)."""
+
+    def __init__(self, config: RolloutConfig):
+        self.config = config
+        self.instance_id = uuid.uuid4().hex
+        self.started = time.time()
+        self.slots: dict[str, Slot] = {}
+        self.envs: dict[str, tuple[Environment, dict[str, Slot]]] = {}
+        self._lanes = {lane: _Lane() for lane in ("train", "eval")}
+        self._running = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._http: httpx.AsyncClient | None = None
+        self.on_shutdown = lambda: None
+        self.transport: httpx.AsyncBaseTransport | None = None  # for calls to the trainer (tests)
+        self.counters = {"submitted": 0, "duplicates": 0, "finished": 0, "failed": 0}
+
+    # lifecycle
+    @asynccontextmanager
+    async def running(self):
+        """Own the episode tasks and the HTTP client; close every engine on the way out."""
+        async with httpx.AsyncClient(timeout=600, transport=self.transport) as http:
+            self._http = http
+            try:
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    try:
+                        yield self
+                    finally:
+                        tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for slot in self.slots.values():
+                        await anyio.to_thread.run_sync(slot.engine.close)
+
+    # policies and environments
+    async def add_policy(self, body: PolicyIn) -> dict:
+        spec = body.model.model_dump()
+        slot = self.slots.get(body.name)
+        if slot is not None:
+            if slot.spec != spec:
+                raise HTTPException(409, f"policy {body.name!r} exists with another model; "
+                                         "restart the service or pick another policy name")
+            return self._policy_status(slot)
+        try:
+            engine, tokenizer = await anyio.to_thread.run_sync(self._build_engine, body)
+        except (OSError, ValueError, ImportError) as error:
+            raise HTTPException(422, f"could not build the {self.config.engine} engine for "
+                                     f"{body.model.name!r}: {error}")
+        self.slots[body.name] = Slot(body.name, engine, tokenizer, spec)
+        return self._policy_status(self.slots[body.name])
+
+    def _build_engine(self, body: PolicyIn):
+        spec = spec_from_wire(body.model.model_dump())
+        kind = self.config.engine
+        if kind == "instant":
+            from ..engines.instant import InstantEngine
+
+            tok = spec.tokenizer()
+            return InstantEngine(body.name, vocab_size=len(tok), seed=body.seed, tokenizer=tok), tok
+        if kind == "sglang":
+            from ..engines.sglang import SGLangEngine
+
+            engine = SGLangEngine(spec, url=self.config.sglang_url, name=body.name)
+            return engine, engine.tokenizer
+        import torch
+
+        from ..engines import HFEngine
+
+        dtype = torch.float32 if self.config.device == "cpu" else torch.bfloat16
+        engine = HFEngine(spec, device=self.config.device, dtype=dtype,
+                          max_batch_size=body.max_batch_size, seed=body.seed, name=body.name)
+        return engine.start(), engine.tokenizer
+
+    def register(self, body: EnvironmentIn) -> dict:
+        unknown = sorted(set(body.roles.values()) - set(self.slots))
+        if unknown:
+            raise HTTPException(404, f"no policy {unknown} on this service; create it with "
+                                     f"POST /v1/policies first (it has {sorted(self.slots)})")
+        env_id = f"{body.name}:{_stable_hash(body.model_dump())}"
+        if env_id not in self.envs:
+            env = self._load_env(body.name, body.kwargs)
+            missing = sorted(set(env.roles) - set(body.roles))
+            extra = sorted(set(body.roles) - set(env.roles))
+            if missing or extra:
+                raise HTTPException(422, f"roles must be exactly {list(env.roles)}: "
+                                         f"missing {missing}, unknown {extra}")
+            self.envs[env_id] = (env, {r: self.slots[p] for r, p in body.roles.items()})
+        return {"env_id": env_id, "roles": list(self.envs[env_id][0].roles)}
+
+    def _load_env(self, name: str, kwargs: dict) -> Environment:
+        target = self.config.environments.get(name)
+        try:
+            if target is None:
+                return environments.load(name, **kwargs)
+            module, _, attr = target.partition(":")
+            try:
+                cls = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as error:
+                raise HTTPException(500, f"the service's --environment {name}={target} does not "
+                                         f"import: {error!r}; fix the service's command line")
+            env = cls(**kwargs)
+        except TypeError as error:
+            raise HTTPException(422, f"environment {name!r} rejected kwargs {kwargs}: {error}")
+        except ValueError as error:
+            extra = ", ".join(sorted(self.config.environments))
+            raise HTTPException(404, f"{error}" + (f" Also allowed here: {extra}." if extra else ""))
+        if not isinstance(env, Environment):
+            raise HTTPException(500, f"{target} did not build an astranb Environment")
+        return env
+
+    # episodes
+    def availability(self) -> int:
+        if any(slot.updating for slot in self.slots.values()):
+            return 0
+        queued = sum(len(lane.pending) for lane in self._lanes.values())
+        return max(0, self.config.max_inflight - queued)
+
+    def submit(self, body: SubmitIn) -> dict:
+        lane = self._lanes[body.lane]
+        unknown = sorted({i.env_id for i in body.items} - set(self.envs))
+        if unknown:
+            raise HTTPException(404, f"unknown env_id {unknown[:3]}; register the environment "
+                                     "with POST /v1/environments (after a restart, register again)")
+        accepted = 0
+        for item in body.items:
+            if item.id in lane.known:
+                self.counters["duplicates"] += 1
+                continue
+            lane.known.add(item.id)
+            lane.pending.add(item.id)
+            self._tg.start_soon(self._play, item, lane)
+            accepted += 1
+        self.counters["submitted"] += accepted
+        return {"accepted": accepted, "duplicates": len(body.items) - accepted}
+
+    async def _play(self, item: EpisodeIn, lane: _Lane) -> None:
+        env, wiring = self.envs[item.env_id]
+        ctx = EpisodeContext(env, wiring)
+        try:
+            rewards = env.rewards_for(await env.episode(ctx, item.sample))
+            error = None
+        except Exception:
+            rewards, error = {}, traceback.format_exc()
+            self.counters["failed"] += 1
+        traj = Trajectory(item.sample, tuple(ctx.turns), rewards, item.group, error,
+                          item.started_version, item.id)
+        lane.finish(item.id, trajectory_to_wire(traj))
+        self.counters["finished"] += 1
+
+    async def pull(self, body: PullIn) -> dict:
+        lane = self._lanes[body.lane]
+        lane.forget(body.ack)
+        if body.wait and not lane.done and not (body.resend and lane.sent):
+            with anyio.move_on_after(body.wait):
+                await lane.changed.wait()
+        results = lane.take(body.max, body.resend)
+        return {"results": results, "pending": len(lane.pending), "unacked": len(lane.sent),
+                "instance_id": self.instance_id, "availability": self.availability()}
+
+    # weights
+    async def sync_weights(self, body: NotifyIn, authorization: str | None) -> dict:
+        slot = self._slot(body.policy)
+        async with slot.lock:
+            engine = slot.engine
+            if engine.version >= body.version and (body.checksum is None or body.checksum == engine.weights_checksum):
+                return self._policy_status(slot) | {"kind": "none", "bytes": 0}
+            headers = {"authorization": authorization} if authorization else {}
+            url = f"{body.url.rstrip('/')}/v1/weights/{body.policy}"
+            have = {"have_version": engine.version, "have_checksum": engine.weights_checksum}
+            started = time.perf_counter()
+            payload = await self._fetch(url, have, headers)
+            try:
+                applied = await self._apply(slot, payload)
+            except weights.WeightTransferError:
+                payload = await self._fetch(url, {}, headers)
+                applied = await self._apply(slot, payload)
+            seconds = time.perf_counter() - started
+        return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload), "seconds": seconds}
+
+    async def _fetch(self, url: str, params: dict, headers: dict) -> bytes:
+        params = {k: v for k, v in params.items() if v is not None}
+        try:
+            answer = await self._http.get(url, params=params, headers=headers)
+        except httpx.HTTPError as error:
+            raise HTTPException(502, f"could not reach the trainer at {url}: {error!r}")
+        if answer.status_code != 200:
+            raise HTTPException(502, f"trainer answered {answer.status_code} for {url}: {answer.text[:300]}")
+        return answer.content
+
+    async def push_weights(self, policy: str, payload: bytes) -> dict:
+        slot = self._slot(policy)
+        async with slot.lock:
+            try:
+                applied = await self._apply(slot, payload)
+            except weights.WeightTransferError as error:
+                raise HTTPException(409, f"{type(error).__name__}: {error}; send a full snapshot")
+        return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload)}
+
+    async def _apply(self, slot: Slot, payload: bytes) -> dict:
+        try:
+            header = weights.peek(payload)
+        except weights.WeightTransferError:
+            raise
+        slot.updating = True
+        try:
+            update = WeightUpdate(slot.name, header.version, payload=payload)
+            return await asyncio.wrap_future(slot.engine.update_weights(update))
+        finally:
+            slot.updating = False
+
+    async def generate(self, body: GenerateIn) -> dict:
+        slot = self._slot(body.policy)
+        sampling = sampling_from_wire(body.sampling.model_dump())
+        generation = await slot.engine.generate(GenerationRequest(tuple(body.prompt_ids), sampling))
+        return generation_to_wire(generation)
+
+    # status
+    def status(self) -> dict:
+        return {
+            "service": "rollout", "instance_id": self.instance_id, "engine": self.config.engine,
+            "uptime": time.time() - self.started, "availability": self.availability(),
+            "policies": {name: self._policy_status(s) for name, s in self.slots.items()},
+            "environments": sorted(self.envs),
+            "lanes": {name: lane.summary() for name, lane in self._lanes.items()},
+            "counters": dict(self.counters),
+        }
+
+    def _policy_status(self, slot: Slot) -> dict:
+        return {"policy": slot.name, "version": slot.engine.version,
+                "checksum": slot.engine.weights_checksum, "model": slot.spec["name"]}
+
+    def _slot(self, policy: str) -> Slot:
+        slot = self.slots.get(policy)
+        if slot is None:
+            raise HTTPException(404, f"no policy {policy!r} on this service (it has "
+                                     f"{sorted(self.slots)}); create it with POST /v1/policies")
+        return slot
+
+
+class _Lane:
+    """Episodes of one lane (train or eval): pending, finished, handed out but not acknowledged."""
+
+    def __init__(self):
+        self.known: set[str] = set()
+        self.pending: set[str] = set()
+        self.done: OrderedDict[str, dict] = OrderedDict()
+        self.sent: OrderedDict[str, dict] = OrderedDict()
+        self.changed = anyio.Event()
+
+    def finish(self, item_id: str, result: dict) -> None:
+        self.pending.discard(item_id)
+        if item_id in self.known:  # not dropped by eval/end meanwhile
+            self.done[item_id] = result
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def take(self, n: int, resend: bool) -> list[dict]:
+        out = list(self.sent.values())[:n] if resend else []
+        while self.done and len(out) < n:
+            item_id, result = self.done.popitem(last=False)
+            self.sent[item_id] = result
+            out.append(result)
+        return out
+
+    def forget(self, ids) -> None:
+        for item_id in ids:
+            self.sent.pop(item_id, None)
+            self.done.pop(item_id, None)
+            self.known.discard(item_id)
+
+    def drop_all(self) -> int:
+        dropped = len(self.known)
+        self.known.clear()
+        self.done.clear()
+        self.sent.clear()
+        return dropped
+
+    def summary(self) -> dict:
+        return {"pending": len(self.pending), "done": len(self.done), "unacked": len(self.sent)}
+
+
+def _stable_hash(data: Any) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# -- the app --------------------------------------------------------------------------------------
+
+def create_app(config: RolloutConfig | None = None) -> FastAPI:
+    """The rollout service as an ASGI app (serve it with uvicorn, or test it in-process)."""
+    config = config or RolloutConfig()
+    service = RolloutService(config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with service.running():
+            yield
+
+    app = FastAPI(title="astranb rollout service", version="1", lifespan=lifespan)
+    app.state.service = service
+    install(app, config.service)
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness probe (no token needed)."""
+        return {"ok": True}
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        return service.status()
+
+    @app.get("/v1/availability")
+    async def availability() -> dict:
+        return {"availability": service.availability()}
+
+    @app.post("/v1/policies")
+    async def policies(body: PolicyIn) -> dict:
+        return await service.add_policy(body)
+
+    @app.post("/v1/environments")
+    async def register(body: EnvironmentIn) -> dict:
+        return service.register(body)
+
+    @app.post("/v1/submit")
+    async def submit(body: SubmitIn) -> dict:
+        return service.submit(body)
+
+    @app.post("/v1/pull", response_model=None, responses={200: {"description": "finished episodes"}})
+    async def pull(body: PullIn, request: Request) -> Response:
+        return reply(request, await service.pull(body))
+
+    @app.post("/v1/notify_version")
+    async def notify_version(body: NotifyIn, request: Request) -> dict:
+        return await service.sync_weights(body, request.headers.get("authorization"))
+
+    @app.post("/v1/weights/{policy}", openapi_extra={
+        "requestBody": {"required": True, "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
+    async def push_weights(policy: str, request: Request) -> dict:
+        return await service.push_weights(policy, await request.body())
+
+    @app.post("/v1/generate")
+    async def generate(body: GenerateIn) -> dict:
+        return await service.generate(body)
+
+    @app.post("/v1/eval/start")
+    async def eval_start() -> dict:
+        return {"dropped": service._lanes["eval"].drop_all()}
+
+    @app.post("/v1/eval/submit")
+    async def eval_submit(body: SubmitIn) -> dict:
+        return service.submit(body.model_copy(update={"lane": "eval"}))
+
+    @app.post("/v1/eval/pull", response_model=None)
+    async def eval_pull(body: PullIn, request: Request) -> Response:
+        return reply(request, await service.pull(body.model_copy(update={"lane": "eval"})))
+
+    @app.post("/v1/eval/end")
+    async def eval_end() -> dict:
+        return {"dropped": service._lanes["eval"].drop_all()}
+
+    @app.post("/v1/shutdown")
+    async def shutdown() -> dict:
+        service.on_shutdown()
+        return {"ok": True}
+
+    return app

@@ -1,0 +1,311 @@
+"""The trainer service: takes batches, steps a policy's trainer, serves its weights by version.
+
+    POST /v1/policies            create a policy's trainer (or recover it from its last checkpoint)
+    POST /v1/step/{policy}       one optimizer step on a safetensors batch; `expect_version` makes
+                                 a retried step harmless (same answer, no second step)
+    GET  /v1/weights/{policy}    the latest weights for a receiver holding (have_version,
+                                 have_checksum): a delta when it holds exactly the previous
+                                 version, else a full snapshot (see astranb.weights.store)
+    POST /v1/checkpoint/{policy} write a checkpoint now
+
+The trainer itself is a backend: `LocalBackend` (one process) or the FSDP backend that rank 0 of a
+torchrun job drives (astranb.training.fsdp). Checkpoints land in `checkpoint_dir/<policy>/` as
+safetensors + JSON, written to a temporary folder and renamed, with a `latest.json` pointer
+replaced atomically; a restarted service resumes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import torch
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from ..algorithms.config import algorithm_from_dict
+from ..models import ModelSpec
+from ..training.local import AdamW, LocalTrainer
+from ..weights.store import WeightStore
+from .http import ServiceConfig, install, reply
+from .rollout_app import NAME, ModelIn
+from .wire import OCTETS, batch_from_bytes, spec_from_wire
+
+__all__ = ["TrainerConfig", "TrainerBackend", "LocalBackend", "TrainerService", "create_app"]
+
+
+class TrainerBackend(Protocol):
+    """What the service needs of a trainer (LocalBackend here; FSDPBackend under torchrun)."""
+
+    world_size: int
+
+    def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamW, micro_batch_size: int = 64) -> int: ...
+    def step(self, name: str, batch) -> dict[str, float]: ...
+    def version(self, name: str) -> int: ...
+    def weights(self, name: str) -> dict[str, torch.Tensor]: ...
+    def save(self, name: str, directory) -> None: ...
+    def load(self, name: str, directory) -> int: ...
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Every policy's trainer in this process."""
+
+    world_size = 1
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.trainers: dict[str, LocalTrainer] = {}
+
+    def create(self, name, spec, algorithm, optimizer, micro_batch_size=64) -> int:
+        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        self.trainers[name] = LocalTrainer(spec, algorithm, optimizer, micro_batch_size=micro_batch_size,
+                                           device=self.device, dtype=dtype)
+        return 0
+
+    def step(self, name, batch):
+        return self.trainers[name].step(batch)
+
+    def version(self, name):
+        return self.trainers[name].version
+
+    def weights(self, name):
+        return self.trainers[name].weights()
+
+    def save(self, name, directory):
+        self.trainers[name].save(directory)
+
+    def load(self, name, directory):
+        self.trainers[name].load(directory)
+        return self.trainers[name].version
+
+    def close(self):
+        self.trainers.clear()
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """What a trainer service runs.
+
+    Attributes:
+        checkpoint_dir: where checkpoints go (None: no checkpoints, no recovery).
+        checkpoint_every: checkpoint after every this many steps (0: only on request).
+        service: bind address, port, token, body limit.
+    """
+
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+
+
+class TrainerPolicyIn(BaseModel):
+    name: str = Field(pattern=NAME)
+    model: ModelIn
+    algorithm: dict[str, Any] = {"kind": "grpo"}
+    optimizer: dict[str, Any] = {}
+    micro_batch_size: int = Field(default=64, ge=1, le=65536)
+    full_every: int = Field(default=10, ge=0)
+
+
+@dataclass(eq=False)
+class _Policy:
+    name: str
+    request: dict
+    store: WeightStore
+    last_step: dict | None = None
+    checkpoint_version: int = -1
+
+
+class TrainerService:
+    """The state behind the HTTP app."""
+
+    def __init__(self, config: TrainerConfig, backend: TrainerBackend):
+        self.config, self.backend = config, backend
+        self.instance_id = uuid.uuid4().hex
+        self.policies: dict[str, _Policy] = {}
+        self._lock = anyio.Lock()  # one backend call at a time (FSDP collectives are ordered)
+        self.on_shutdown = lambda: None
+
+    async def _call(self, fn, *args):
+        async with self._lock:
+            return await anyio.to_thread.run_sync(fn, *args)
+
+    async def add_policy(self, body: TrainerPolicyIn) -> dict:
+        request = body.model_dump()
+        existing = self.policies.get(body.name)
+        if existing is not None:
+            if existing.request != request:
+                raise HTTPException(409, f"policy {body.name!r} exists with other settings; "
+                                         "restart the trainer service or pick another name")
+            return self._status(existing)
+        spec = spec_from_wire(request["model"])
+        try:
+            algorithm = algorithm_from_dict(body.algorithm)
+            optimizer = AdamW(**{k: tuple(v) if k == "betas" else v for k, v in body.optimizer.items()})
+        except (TypeError, ValueError, KeyError) as error:
+            raise HTTPException(422, f"invalid algorithm/optimizer: {error}")
+        await self._call(self.backend.create, body.name, spec, algorithm, optimizer, body.micro_batch_size)
+        policy = _Policy(body.name, request, WeightStore(body.name, full_every=body.full_every))
+        recovered = self._latest_checkpoint(body.name, request)
+        if recovered is not None:
+            await self._call(self.backend.load, body.name, str(recovered))
+            policy.checkpoint_version = self.backend.version(body.name)
+        await self._publish(policy)
+        self.policies[body.name] = policy
+        return self._status(policy) | {"recovered": recovered is not None}
+
+    async def step(self, name: str, expect_version: int, blob: bytes) -> dict:
+        policy = self._policy(name)
+        version = self.backend.version(name)
+        if policy.last_step and version == expect_version + 1 and policy.last_step["step"] == expect_version:
+            return policy.last_step  # a retry of the step we just took
+        if version != expect_version:
+            raise HTTPException(409, f"policy {name!r} is at version {version}, the batch expects "
+                                     f"{expect_version}; re-read /v1/status and rebuild the batch")
+        batch = batch_from_bytes(blob)
+        started = time.perf_counter()
+        metrics = await self._call(self.backend.step, name, batch)
+        step_seconds = time.perf_counter() - started
+        publish = await self._publish(policy)
+        checkpoint = await self._maybe_checkpoint(policy)
+        policy.last_step = {"step": expect_version, "version": self.backend.version(name),
+                            "metrics": metrics, "publish": publish, "checkpoint": checkpoint,
+                            "trainer_seconds": step_seconds, "checksum": policy.store.checksum}
+        return policy.last_step
+
+    async def _publish(self, policy: _Policy) -> dict:
+        version = self.backend.version(policy.name)
+
+        def publish():
+            return policy.store.publish(version, self.backend.weights(policy.name))
+
+        stats = await self._call(publish)
+        return dataclasses.asdict(stats)
+
+    # checkpoints
+    async def _maybe_checkpoint(self, policy: _Policy) -> int | None:
+        every = self.config.checkpoint_every
+        if self.config.checkpoint_dir and every and self.backend.version(policy.name) % every == 0:
+            return await self.checkpoint(policy.name)
+        return None
+
+    async def checkpoint(self, name: str) -> int:
+        policy = self._policy(name)
+        if not self.config.checkpoint_dir:
+            raise HTTPException(409, "this trainer service has no --checkpoint-dir")
+        root = Path(self.config.checkpoint_dir) / name
+        version = self.backend.version(name)
+        final = root / f"v{version:06d}"
+        tmp = root / f".tmp-{uuid.uuid4().hex}"
+        await self._call(self.backend.save, name, str(tmp))
+        (tmp / "policy.json").write_text(json.dumps(policy.request))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _atomic_write(root / "latest.json", json.dumps({"version": version, "path": final.name}))
+        for old in root.glob("v*"):
+            if old != final and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        policy.checkpoint_version = version
+        return version
+
+    def _latest_checkpoint(self, name: str, request: dict) -> Path | None:
+        if not self.config.checkpoint_dir:
+            return None
+        pointer = Path(self.config.checkpoint_dir) / name / "latest.json"
+        if not pointer.is_file():
+            return None
+        path = pointer.parent / json.loads(pointer.read_text())["path"]
+        saved = json.loads((path / "policy.json").read_text())
+        if saved != request:
+            raise HTTPException(409, f"the checkpoint in {path} was made with other policy settings; "
+                                     "use the same settings, or another --checkpoint-dir")
+        return path
+
+    # weights and status
+    def weights(self, name: str, have_version: int | None, have_checksum: int | None) -> bytes:
+        return self._policy(name).store.pull(have_version, have_checksum)
+
+    def status(self) -> dict:
+        return {"service": "trainer", "instance_id": self.instance_id,
+                "world_size": self.backend.world_size,
+                "policies": {n: self._status(p) for n, p in self.policies.items()}}
+
+    def _status(self, policy: _Policy) -> dict:
+        return {"policy": policy.name, "version": policy.store.version,
+                "checksum": policy.store.checksum, "checkpoint_version": policy.checkpoint_version}
+
+    def _policy(self, name: str) -> _Policy:
+        policy = self.policies.get(name)
+        if policy is None:
+            raise HTTPException(404, f"no policy {name!r} on this trainer (it has "
+                                     f"{sorted(self.policies)}); create it with POST /v1/policies")
+        return policy
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def create_app(config: TrainerConfig | None = None, backend: TrainerBackend | None = None) -> FastAPI:
+    """The trainer service as an ASGI app over `backend` (default: LocalBackend on CPU)."""
+    config = config or TrainerConfig()
+    service = TrainerService(config, backend or LocalBackend())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(service.backend.close)
+
+    app = FastAPI(title="astranb trainer service", version="1", lifespan=lifespan)
+    app.state.service = service
+    install(app, config.service)
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness probe (no token needed)."""
+        return {"ok": True}
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        return service.status()
+
+    @app.post("/v1/policies")
+    async def policies(body: TrainerPolicyIn) -> dict:
+        return await service.add_policy(body)
+
+    @app.post("/v1/step/{policy}", response_model=None, openapi_extra={
+        "requestBody": {"required": True, "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
+    async def step(policy: str, request: Request, expect_version: int = Query(ge=0)) -> Response:
+        return reply(request, await service.step(policy, expect_version, await request.body()))
+
+    @app.get("/v1/weights/{policy}", response_class=Response,
+             responses={200: {"content": {OCTETS: {}}, "description": "weight payload"}})
+    async def get_weights(policy: str, have_version: int | None = None, have_checksum: int | None = None) -> Response:
+        payload = service.weights(policy, have_version, have_checksum)
+        return Response(payload, media_type=OCTETS)
+
+    @app.post("/v1/checkpoint/{policy}")
+    async def checkpoint(policy: str) -> dict:
+        return {"version": await service.checkpoint(policy)}
+
+    @app.post("/v1/shutdown")
+    async def shutdown() -> dict:
+        service.on_shutdown()
+        return {"ok": True}
+
+    return app
