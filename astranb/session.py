@@ -337,6 +337,7 @@ class Session:
                                     max_consecutive_failures=max(64, 2 * config.batch_size),
                                     pool=self._pool)
         if self._pool is not None:
+            self._pool.new_books()
             self._pool.wire_env(env, wiring)
         started = time.perf_counter()
         loops = [
@@ -399,8 +400,9 @@ class Session:
 
     async def _evaluate_remote(self, env, wiring, n: int, seed: int) -> dict[str, float]:
         samples = iter(env.samples(seed))
+        self._pool.new_books()
         self._pool.wire_env(env, wiring)
-        batch = [(f"eval-{self._pool.tag}-{seed}-{i}", dict(next(samples)), -1, 0) for i in range(n)]
+        batch = [(f"{self._pool.tag}.eval.{i}", dict(next(samples)), -1, 0) for i in range(n)]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._pool.run)
             results = await self._pool.play(env, batch)

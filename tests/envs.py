@@ -48,3 +48,17 @@ class AlwaysFails(CountA):
 
 class TwoRoles(CountA):
     roles = ("solver", "verifier")
+
+
+class SlowCountA(CountA):
+    """CountA whose episodes also wait a little: keeps work in flight on rollout services."""
+
+    def __init__(self, max_new_tokens: int = 8, delay: float = 0.1):
+        super().__init__(max_new_tokens)
+        self.delay = delay
+
+    async def episode(self, ctx, sample):
+        import anyio
+
+        await anyio.sleep(self.delay)
+        return await super().episode(ctx, sample)

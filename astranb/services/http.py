@@ -20,6 +20,7 @@ import msgpack
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from .wire import JSON, MSGPACK, pack
 
@@ -78,6 +79,11 @@ def install(app: FastAPI, config: ServiceConfig) -> FastAPI:
             for e in error.errors()
         ]
         return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, error: HTTPException):
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
 
     @app.exception_handler(ValueError)
     async def _bad_value(request: Request, error: ValueError):

@@ -99,12 +99,13 @@ class RolloutPool:
         self._tg: anyio.abc.TaskGroup | None = None
         self.epoch = 0
         self.counts: dict[str, int] = {}
-        self._new_books()
+        self.new_books()
 
-    def _new_books(self) -> None:
+    def new_books(self) -> None:
         """Episode ids and books are per run: results of an earlier run are recognised and
         ignored (acknowledged so the service forgets them)."""
         self.tag = uuid.uuid4().hex[:8]
+        self._queue.clear()
         self.counts = dict.fromkeys(("submitted", "completed", "resubmitted", "duplicates",
                                      "abandoned", "stale_results", "failovers", "rejoins"), 0)
 
@@ -147,8 +148,6 @@ class RolloutPool:
     # -- running -----------------------------------------------------------------------------------
     async def run(self) -> None:
         """Member loops and the submitter, until cancelled (owned by the run's task group)."""
-        self._new_books()
-        self._queue.clear()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:

@@ -74,7 +74,7 @@ class RolloutConfig:
 class ModelIn(BaseModel):
     name: str = Field(max_length=200)
     path: str | None = Field(default=None, max_length=4096)
-    config: dict[str, Any] = {}
+    config: dict[str, int | float | str | bool | None] = {}
     seed: int = 0
 
 
@@ -107,7 +107,7 @@ class SubmitIn(BaseModel):
 class PullIn(BaseModel):
     ack: list[str] = Field(default=[], max_length=1_000_000)
     max: int = Field(default=512, ge=1, le=100_000)
-    wait: float = Field(default=0.0, ge=0.0, le=60.0)
+    wait: float = Field(default=0.0, ge=0.0, le=30.0)
     lane: Literal["train", "eval"] = "train"
     resend: bool = False
 
@@ -167,7 +167,8 @@ class RolloutService:
     @asynccontextmanager
     async def running(self):
         """Own the episode tasks and the HTTP client; close every engine on the way out."""
-        async with httpx.AsyncClient(timeout=600, transport=self.transport) as http:
+        timeout = httpx.Timeout(600, connect=10)
+        async with httpx.AsyncClient(timeout=timeout, transport=self.transport) as http:
             self._http = http
             try:
                 async with anyio.create_task_group() as tg:
@@ -192,7 +193,7 @@ class RolloutService:
             return self._policy_status(slot)
         try:
             engine, tokenizer = await anyio.to_thread.run_sync(self._build_engine, body)
-        except (OSError, ValueError, ImportError) as error:
+        except Exception as error:  # a bad spec from the caller, not a service fault
             raise HTTPException(422, f"could not build the {self.config.engine} engine for "
                                      f"{body.model.name!r}: {error}")
         self.slots[body.name] = Slot(body.name, engine, tokenizer, spec)
@@ -331,9 +332,9 @@ class RolloutService:
         try:
             answer = await self._http.get(url, params=params, headers=headers)
         except httpx.HTTPError as error:
-            raise HTTPException(502, f"could not reach the trainer at {url}: {error!r}")
+            raise HTTPException(424, f"could not reach the trainer at {url}: {error!r}")
         if answer.status_code != 200:
-            raise HTTPException(502, f"trainer answered {answer.status_code} for {url}: {answer.text[:300]}")
+            raise HTTPException(424, f"trainer answered {answer.status_code} for {url}: {answer.text[:300]}")
         return answer.content
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:

@@ -1,0 +1,113 @@
+"""Helpers for service tests: in-process apps wired to a Session, and real service processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from astranb.services import rollout_app, trainer_app
+from astranb.services.http import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA"}
+
+
+class Switchable(httpx.AsyncBaseTransport):
+    """An ASGI transport that can be 'killed': while down, every request fails to connect."""
+
+    def __init__(self, app):
+        self.inner = httpx.ASGITransport(app)
+        self.down = False
+
+    async def handle_async_request(self, request):
+        if self.down:
+            raise httpx.ConnectError("service is down (test)", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+def in_process_services(session_factory, rollouts=2, trainer=True, engine="hf", **rollout_kw):
+    """Build apps, a Session whose clients reach them in-process, and start the apps' lifespans
+    on the session's loop. Returns (session, apps, transports)."""
+    apps = {f"http://r{i}": rollout_app.create_app(rollout_app.RolloutConfig(
+        engine=engine, environments=TEST_ENVS, **rollout_kw)) for i in range(rollouts)}
+    if trainer:
+        apps["http://t"] = trainer_app.create_app(trainer_app.TrainerConfig())
+    transports = {url: Switchable(app) for url, app in apps.items()}
+    session = session_factory(
+        rollout=[u for u in apps if "/r" in u], trainer="http://t" if trainer else None,
+        transport=lambda url: transports[url],
+    )
+    for url, app in apps.items():
+        if "/r" in url:
+            service = app.state.service
+            service.transport = transports.get("http://t")
+            session._stack.enter_context(session._loop().wrap_async_context_manager(service.running()))
+    return session, apps, transports
+
+
+class Process:
+    """A service started as a real process (its own process group, so kill -9 takes it all)."""
+
+    def __init__(self, args: list[str], port: int, log: Path, env: dict | None = None):
+        self.args, self.port, self.log_path = args, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90.0) -> Process:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **(self.env or {}))
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "astranb.cli", *self.args,
+                                      "--port", str(self.port)], cwd=ROOT, env=env,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.args} exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise TimeoutError(f"{self.args} did not become healthy in {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (torchrun and its workers too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+@contextmanager
+def processes(*procs: Process):
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def rollout_process(tmp: Path, name: str, port: int | None = None, *extra: str) -> Process:
+    port = port or free_port()
+    args = ["serve", "rollout", "--environment", "CountA=tests.envs:CountA", *extra]
+    return Process(args, port, tmp / f"{name}.log")
+
+
+def trainer_process(tmp: Path, nproc: int = 2, port: int | None = None, *extra: str) -> Process:
+    port = port or free_port()
+    args = ["serve", "trainer", "--nproc", str(nproc), *extra]
+    return Process(args, port, tmp / f"trainer-{port}.log")
