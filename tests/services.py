@@ -63,10 +63,11 @@ class Process:
 
     def start(self, timeout: float = 90.0) -> Process:
         env = dict(os.environ, PYTHONPATH=str(ROOT), **(self.env or {}))
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "astranb.cli", *self.args,
-                                      "--port", str(self.port)], cwd=ROOT, env=env,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "astranb.cli", *self.args,
+                                          "--port", str(self.port)], cwd=ROOT, env=env,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -85,9 +86,22 @@ class Process:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 30  # workers in other sessions follow their launcher
+        while _listening(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still answers 30 s after kill -9")
+            time.sleep(0.1)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @contextmanager
@@ -103,7 +117,8 @@ def processes(*procs: Process):
 
 def rollout_process(tmp: Path, name: str, port: int | None = None, *extra: str) -> Process:
     port = port or free_port()
-    args = ["serve", "rollout", "--environment", "CountA=tests.envs:CountA", *extra]
+    envs = [arg for name, target in TEST_ENVS.items() for arg in ("--environment", f"{name}={target}")]
+    args = ["serve", "rollout", *envs, *extra]
     return Process(args, port, tmp / f"{name}.log")
 
 

@@ -272,3 +272,43 @@ def test_trainer_step_is_idempotent_and_checks_the_version(tmp_path):
         await client.close()
 
     anyio.run(recover)
+
+
+def test_an_environment_the_service_does_not_know_fails_the_run_with_the_reason(tmp_path):
+    session, _, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw), rollouts=1,
+                                        trainer=False)
+    with session:
+        policy = session.policy("solver", ab.models.tiny())
+        env = CountA()
+        env.registry_name = "not_installed"
+        session.wire(env, solver=policy)
+        run = session.train(steps=2, batch_size=8, group_size=4)
+        with pytest.raises(ValueError, match="unknown environment 'not_installed'"):
+            run.wait(progress=False)
+
+
+def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(tmp_path):
+    """checkpoint_every=2; the trainer 'dies' at version 3 and comes back from version 2."""
+    session, apps, transports = in_process_services(lambda **kw: ab.Session(tmp_path, **kw))
+    checkpoints = tmp_path / "ckpt"
+    trainer_config = trainer_app.TrainerConfig(checkpoint_dir=str(checkpoints), checkpoint_every=2)
+    transports["http://t"].inner = httpx.ASGITransport(trainer_app.create_app(trainer_config))
+    with session:
+        policy = session.policy("solver", ab.models.tiny())
+        session.wire(CountA(), solver=policy)
+        run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1).wait(progress=False)
+        assert policy.version == 3 and (checkpoints / "solver" / "v000002").is_dir()
+        transports["http://t"].down = True
+        run = session.train(steps=4, batch_size=16, group_size=4, max_staleness=1)
+        time.sleep(0.5)  # the session finds the trainer gone and waits for it
+        transports["http://t"].inner = httpx.ASGITransport(trainer_app.create_app(trainer_config))
+        transports["http://t"].down = False
+        run.wait(progress=False)
+        assert [e["version"] for e in run.events if e["kind"] == "rollback"] == [2]
+        df = run.metrics
+        assert list(df["step"]) == [2, 3, 4, 5, 6]  # version 3 was lost: trained again from 2
+        assert (df["token_version_max"] <= df["step"]).all()  # nothing from the lost weights
+        assert df["staleness_max"].max() <= 1
+        assert policy.version == 7 and run.accounting["trained_twice"] == 0
+        engine = apps["http://r0"].state.service.slots["solver"].engine
+        assert (engine.version, engine.weights_checksum) == (7, policy.weights_checksum)

@@ -2,5 +2,6 @@
 
 from .base import RolloutEngine
 from .hf import EngineStats, HFEngine
+from .sglang import SGLangEngine, SGLangError
 
-__all__ = ["RolloutEngine", "HFEngine", "EngineStats"]
+__all__ = ["RolloutEngine", "HFEngine", "EngineStats", "SGLangEngine", "SGLangError"]

@@ -35,11 +35,15 @@ from ..types import Trajectory
 from .client import RolloutClient, ServiceError, ServiceUnavailable
 from .wire import spec_to_wire, trajectory_from_wire
 
-__all__ = ["RolloutPool", "NoRolloutService"]
+__all__ = ["RolloutPool", "NoRolloutService", "ServiceRejected"]
 
 
 class NoRolloutService(RuntimeError):
     """No rollout service answered for longer than the pool's patience."""
+
+
+class ServiceRejected(ValueError):
+    """A rollout service refused the session's policies or environments (a setup error)."""
 
 
 @dataclass(eq=False)
@@ -185,9 +189,16 @@ class RolloutPool:
                     self.counts["rejoins"] += 1
                 member.instance_id, member.availability = status["instance_id"], status["availability"]
                 member.state, member.last_ok = "ready", time.monotonic()
-        except (ServiceUnavailable, ServiceError) as error:
+        except ServiceUnavailable as error:
             member.last_error = str(error)
             return False
+        except ServiceError as error:
+            if error.status >= 500:
+                member.last_error = str(error)
+                return False
+            raise ServiceRejected(
+                f"rollout service {member.url} refused to set up: {error}"
+            ) from None
         self._queued.set()
         return True
 

@@ -47,11 +47,13 @@ class RemoteTrainer:
         self.version = 0
         self.checksum: int | None = None
         self.restarts = 0
+        self.instance_id: str | None = None
 
     async def create(self) -> dict:
         """Create (or recover) the policy on the service; adopts the service's version."""
         answer = await self.client.add_policy(self.body)
         self.version, self.checksum = int(answer["version"]), answer["checksum"]
+        self.instance_id = (await self.client.status())["instance_id"]
         return answer
 
     async def step(self, batch: Batch) -> dict[str, float]:
@@ -62,6 +64,9 @@ class RemoteTrainer:
                 break
             except ServiceUnavailable:
                 await self._wait_for_restart()
+            except ServiceError as error:
+                if error.status < 500 or not await self._restarting():
+                    raise
             await self.create()
             self.restarts += 1
             if self.version == expected + 1:  # the step survived in the checkpoint
@@ -71,6 +76,19 @@ class RemoteTrainer:
         self.version, self.checksum = int(answer["version"]), answer["checksum"]
         return {**answer["metrics"], "trainer_seconds": answer["trainer_seconds"],
                 "trainer_restarts": float(self.restarts)}
+
+    async def _restarting(self) -> bool:
+        """After a 5xx: is the service going down (a rank died under it) or back as a new
+        instance? Then wait for it. The same instance still answering means a real fault."""
+        await anyio.sleep(2.0)
+        try:
+            status = await self.client.status()
+        except ServiceUnavailable:
+            await self._wait_for_restart()
+            return True
+        except ServiceError:
+            return False
+        return status["instance_id"] != self.instance_id
 
     async def _wait_for_restart(self) -> None:
         deadline = time.monotonic() + self.patience

@@ -4,6 +4,10 @@ A step reads as five phases: split the batch into micro-batches, forward each to
 of its target tokens, take the algorithm's token-mean loss (normalised by the whole batch's token
 count, so micro-batches add up to one batch mean), backward, then clip and apply the optimizer.
 The version goes up by one per step; `weights()` is what gets published to the rollout engines.
+
+The phases are module functions (`micro_batches`, `backward_micro_batches`, `clip_and_step`), as
+is the optimizer's checkpoint format, so that the FSDP backend (training/fsdp.py) runs the very
+same maths on each rank's share of the rows and writes checkpoints this trainer can load.
 """
 
 from __future__ import annotations
@@ -20,7 +24,16 @@ from ..algorithms import Algorithm, token_mean
 from ..models import ModelSpec
 from ..types import Batch
 
-__all__ = ["AdamW", "LocalTrainer", "token_logprobs"]
+__all__ = [
+    "AdamW",
+    "LocalTrainer",
+    "token_logprobs",
+    "micro_batches",
+    "backward_micro_batches",
+    "clip_and_step",
+    "optimizer_state_to_tensors",
+    "optimizer_state_from_tensors",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,65 @@ def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torc
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     pad = torch.nn.functional.pad
     return pad(target, (1, 0)), pad(entropy, (1, 0))
+
+
+def micro_batches(start: int, stop: int, size: int) -> list[slice]:
+    """Row slices of at most `size` rows covering [start, stop)."""
+    return [slice(i, min(i + size, stop)) for i in range(start, stop, size)]
+
+
+def backward_micro_batches(
+    model, algorithm: Algorithm, batch: Batch, rows: list[slice], num_tokens: int
+) -> dict[str, float]:
+    """Forward, loss and backward on each row slice; gradients add up in the model.
+
+    Args:
+        model: the policy's model, in train mode.
+        algorithm: gives the token loss.
+        batch: the step's batch.
+        rows: the row slices to run, one forward/backward each.
+        num_tokens: denominator of every token mean: the whole step's token count, so that
+            micro-batches (and data-parallel ranks) add up to one token mean over the step.
+
+    Returns:
+        {"loss": summed loss, "entropy" and each algorithm metric: the sum of the slices' token
+        means weighted by their share of `num_tokens`}. Summed over all the slices of a step,
+        these are the step's metrics.
+    """
+    totals: dict[str, float] = {}
+    for part in rows:
+        loss, metrics = _micro_step(model, algorithm, batch, part, num_tokens)
+        weight = float(batch.loss_mask_B_T[part].sum()) / num_tokens
+        totals["loss"] = totals.get("loss", 0.0) + float(loss)
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value * weight
+    return totals
+
+
+def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_tokens: int):
+    logp, entropy = token_logprobs(model, batch, rows)
+    mask = batch.loss_mask_B_T[rows]
+    loss, metrics = algorithm.loss(
+        logp, batch.old_logp_B_T[rows], batch.advantages_B_T[rows], mask, num_tokens=num_tokens
+    )
+    mean_entropy = token_mean(entropy, mask, num_tokens)
+    if algorithm.entropy_coef:
+        loss = loss - algorithm.entropy_coef * mean_entropy
+    # metrics are per-token means over this micro-batch; the caller re-weights them by its tokens
+    metrics["entropy"] = float(mean_entropy.detach()) * num_tokens / max(float(mask.sum()), 1.0)
+    loss.backward()
+    return loss.detach(), metrics
+
+
+def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamW) -> float:
+    """Clip the global gradient norm to config.grad_clip (0: no clipping), step, return the norm."""
+    clip = config.grad_clip
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+    # with sharded (DTensor) parameters the norm is a replicated DTensor: take it whole
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    optimizer.step()
+    return float(norm)
 
 
 class LocalTrainer:
@@ -101,39 +173,12 @@ class LocalTrainer:
         batch = _to(batch, self.device)
         num_tokens = max(batch.num_tokens, 1)
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        for start in range(0, batch.size, self.micro_batch_size):
-            rows = slice(start, start + self.micro_batch_size)
-            loss, metrics = self._micro_step(batch, rows, num_tokens)
-            weight = float(batch.loss_mask_B_T[rows].sum()) / num_tokens
-            totals["loss"] = totals.get("loss", 0.0) + float(loss)
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * weight
-        totals["grad_norm"] = self._apply()
+        rows = micro_batches(0, batch.size, self.micro_batch_size)
+        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens)
+        totals["grad_norm"] = clip_and_step(self.model, self.optimizer, self.optimizer_config)
         totals["tokens"] = float(batch.num_tokens)
         self.version += 1
         return totals
-
-    def _micro_step(self, batch: Batch, rows: slice, num_tokens: int):
-        logp, entropy = token_logprobs(self.model, batch, rows)
-        mask = batch.loss_mask_B_T[rows]
-        loss, metrics = self.algorithm.loss(
-            logp, batch.old_logp_B_T[rows], batch.advantages_B_T[rows], mask, num_tokens=num_tokens
-        )
-        mean_entropy = token_mean(entropy, mask, num_tokens)
-        if self.algorithm.entropy_coef:
-            loss = loss - self.algorithm.entropy_coef * mean_entropy
-        # metrics are per-token means over this micro-batch; step() re-weights them by its tokens
-        metrics["entropy"] = float(mean_entropy.detach()) * num_tokens / max(float(mask.sum()), 1.0)
-        loss.backward()
-        return loss.detach(), metrics
-
-    def _apply(self) -> float:
-        clip = self.optimizer_config.grad_clip
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        self.optimizer.step()
-        return float(norm)
 
     @torch.no_grad()
     def weights(self) -> dict[str, torch.Tensor]:
@@ -145,7 +190,7 @@ class LocalTrainer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_file(self.weights(), directory / "model.safetensors")
-        tensors, meta = _optimizer_tensors(self.optimizer)
+        tensors, meta = optimizer_state_to_tensors(self.optimizer.state_dict())
         save_file(tensors, directory / "optimizer.safetensors")
         info = {"version": self.version, "optimizer": asdict(self.optimizer_config), **meta}
         (directory / "trainer.json").write_text(json.dumps(info, indent=1))
@@ -156,7 +201,8 @@ class LocalTrainer:
         directory = Path(directory)
         info = json.loads((directory / "trainer.json").read_text())
         self.model.load_state_dict(load_file(directory / "model.safetensors"))
-        _load_optimizer(self.optimizer, load_file(directory / "optimizer.safetensors"), info)
+        tensors = load_file(directory / "optimizer.safetensors")
+        self.optimizer.load_state_dict(optimizer_state_from_tensors(tensors, info))
         self.version = int(info["version"])
 
 
@@ -166,8 +212,12 @@ def _to(batch: Batch, device: torch.device) -> Batch:
     return Batch(*(getattr(batch, f).to(device) for f in Batch.__dataclass_fields__))
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer):
-    state = optimizer.state_dict()
+def optimizer_state_to_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state_dict into flat tensors and JSON-able metadata (no pickle).
+
+    This is the checkpoint format: tensors named "{param index}.{slot}" go to
+    optimizer.safetensors, {"param_groups": ...} into trainer.json.
+    """
     tensors: dict[str, torch.Tensor] = {}
     for index, slots in state["state"].items():
         for name, value in slots.items():
@@ -175,9 +225,10 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer):
     return tensors, {"param_groups": state["param_groups"]}
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict, info: dict) -> None:
+def optimizer_state_from_tensors(tensors: dict[str, torch.Tensor], info: dict) -> dict:
+    """The optimizer state_dict that `optimizer_state_to_tensors` split up."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": info["param_groups"]})
+    return {"state": state, "param_groups": info["param_groups"]}

@@ -78,16 +78,15 @@ class TrainLoop:
         back to the recovered version before rollouts go on, so the staleness bound keeps
         meaning versions that exist.
         """
+        transfer = await self.policy.publish()  # services back on the recovered weights first
         if self.pool is not None:
-            self.pool.epoch += 1
+            self.pool.epoch += 1  # groups begun before this point are discarded on arrival
         dropped = groups + self.buffer.drain()
         self._release(dropped)
         self.dropped_stale += len(dropped)
-        transfer = await self.policy.publish()
         row = {"policy": self.policy.name, "step": rollback.expected, "version": rollback.recovered,
-               "time": time.perf_counter() - self.started, "trainer_rolled_back_to": rollback.recovered,
-               "dropped_stale": self.dropped_stale,
-            "trained_twice": self.trained_twice, **transfer}
+               "time": time.perf_counter() - self.started, "dropped_stale": self.dropped_stale,
+               **transfer}
         self.recorder.add_event("rollback", row)
         return row
 
