@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ModelSpec", "tiny", "local", "resolve"]
+__all__ = ["ModelSpec", "tiny", "tiny_parameters", "local", "resolve"]
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 TINY_ALPHABET = string.digits + string.ascii_lowercase + " +-*/=()<>.,:;?!'\"#_\n"
@@ -101,6 +101,16 @@ def tiny(
     return ModelSpec(name=f"tiny-qwen3-{hidden_size}x{num_layers}", config=overrides, seed=seed)
 
 
+def tiny_parameters(config: dict[str, Any]) -> int:
+    """Roughly how many parameters a tiny spec with these overrides builds (no allocation)."""
+    c = {**tiny().config, **config}
+    hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
+    heads, kv, head_dim = int(c["num_attention_heads"]), int(c["num_key_value_heads"]), int(c["head_dim"])
+    attention = hidden * head_dim * (2 * heads + 2 * kv)
+    mlp = 3 * hidden * int(c["intermediate_size"])
+    return layers * (attention + mlp) + (len(TINY_ALPHABET) + 3) * hidden
+
+
 def local(path: str | os.PathLike) -> ModelSpec:
     """A local Hugging Face model directory (config.json, weights, tokenizer files); read offline."""
     path = Path(path)
@@ -139,6 +149,9 @@ def _tiny_tokenizer():
 
 def _tiny_model(overrides: dict[str, Any], seed: int, dtype: torch.dtype):
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    # start from tiny()'s sizes, not Qwen3's multi-billion-parameter defaults, whatever is missing
+    overrides = {**tiny().config, **overrides}
 
     vocab_size = len(TINY_ALPHABET) + 3
     config = Qwen3Config(

@@ -28,7 +28,7 @@ import uuid
 from collections import OrderedDict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 import httpx
@@ -71,17 +71,21 @@ class RolloutConfig:
 
 # -- request bodies (validated by FastAPI, published in the OpenAPI schema) ----------------------
 
+Small = Annotated[int, Field(ge=-1, le=65536)]  # tiny-model config values: model sizes stay sane
+
+
 class ModelIn(BaseModel):
     name: str = Field(max_length=200)
-    path: str | None = Field(default=None, max_length=4096)
-    config: dict[str, int | float | str | bool | None] = {}
-    seed: int = 0
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    config: dict[str, Small | float | Annotated[str, Field(max_length=200)] | bool | None] = Field(
+        default={}, max_length=64)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
 
 
 class PolicyIn(BaseModel):
     name: str = Field(pattern=NAME)
     model: ModelIn
-    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    max_batch_size: int = Field(default=64, ge=1, le=1024)
     seed: int = 0
 
 
@@ -100,13 +104,13 @@ class EpisodeIn(BaseModel):
 
 
 class SubmitIn(BaseModel):
-    items: list[EpisodeIn] = Field(max_length=100_000)
+    items: list[EpisodeIn] = Field(max_length=10_000)
     lane: Literal["train", "eval"] = "train"
 
 
 class PullIn(BaseModel):
     ack: list[str] = Field(default=[], max_length=1_000_000)
-    max: int = Field(default=512, ge=1, le=100_000)
+    max: int = Field(default=512, ge=1, le=10_000)
     wait: float = Field(default=0.0, ge=0.0, le=30.0)
     lane: Literal["train", "eval"] = "train"
     resend: bool = False
@@ -122,13 +126,13 @@ class NotifyIn(BaseModel):
 class SamplingIn(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(default=16, ge=1, le=65536)
+    max_new_tokens: int = Field(default=16, ge=1, le=8192)
     stop_token_ids: list[int] = []
 
 
 class GenerateIn(BaseModel):
     policy: str = Field(pattern=NAME)
-    prompt_ids: list[int] = Field(min_length=1, max_length=1_000_000)
+    prompt_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=65536)
     sampling: SamplingIn = SamplingIn()
 
 
@@ -210,6 +214,9 @@ class RolloutService:
         if kind == "sglang":
             from ..engines.sglang import SGLangEngine
 
+            if spec.path is None:  # the server loads, and each update rewrites, a model directory
+                raise ValueError(f"the sglang engine needs a model directory and {spec.name!r} "
+                                 "has none; save it with spec.save(dir) and use models.local(dir)")
             engine = SGLangEngine(spec, url=self.config.sglang_url, name=body.name)
             return engine, engine.tokenizer
         import torch

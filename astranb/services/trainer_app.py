@@ -113,8 +113,8 @@ class TrainerPolicyIn(BaseModel):
     model: ModelIn
     algorithm: dict[str, Any] = {"kind": "grpo"}
     optimizer: dict[str, Any] = {}
-    micro_batch_size: int = Field(default=64, ge=1, le=65536)
-    full_every: int = Field(default=10, ge=0)
+    micro_batch_size: int = Field(default=64, ge=1, le=4096)
+    full_every: int = Field(default=10, ge=0, le=1_000_000)
 
 
 @dataclass(eq=False)
@@ -148,13 +148,17 @@ class TrainerService:
                 raise HTTPException(409, f"policy {body.name!r} exists with other settings; "
                                          "restart the trainer service or pick another name")
             return self._status(existing)
-        spec = spec_from_wire(request["model"])
         try:
+            spec = spec_from_wire(request["model"])
             algorithm = algorithm_from_dict(body.algorithm)
             optimizer = AdamW(**{k: tuple(v) if k == "betas" else v for k, v in body.optimizer.items()})
         except (TypeError, ValueError, KeyError) as error:
             raise HTTPException(422, f"invalid algorithm/optimizer: {error}")
-        await self._call(self.backend.create, body.name, spec, algorithm, optimizer, body.micro_batch_size)
+        try:
+            await self._call(self.backend.create, body.name, spec, algorithm, optimizer,
+                             body.micro_batch_size)
+        except Exception as error:  # a bad spec from the caller, not a service fault
+            raise HTTPException(422, f"could not build the trainer for {spec.name!r}: {error}")
         policy = _Policy(body.name, request, WeightStore(body.name, full_every=body.full_every))
         recovered = self._latest_checkpoint(body.name, request)
         if recovered is not None:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from ..models import ModelSpec
+from ..models import ModelSpec, tiny_parameters
 from ..types import Batch, Generation, SamplingParams, Trajectory, Turn
 
 __all__ = [
@@ -113,9 +113,23 @@ def spec_to_wire(spec: ModelSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
 
 
+MAX_TINY_PARAMETERS = 2_000_000_000
+
+
 def spec_from_wire(d: Mapping[str, Any]) -> ModelSpec:
-    return ModelSpec(name=str(d["name"]), path=d.get("path"), config=dict(d.get("config") or {}),
+    """A ModelSpec from its wire form; a path-less (tiny) spec over 2B parameters is refused
+    (a service must not be talked into allocating more than its host holds)."""
+    spec = ModelSpec(name=str(d["name"]), path=d.get("path"), config=dict(d.get("config") or {}),
                      seed=int(d.get("seed", 0)))
+    if spec.path is None:
+        try:
+            size = tiny_parameters(spec.config)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"tiny model config {spec.config} is not usable: {error!r}") from None
+        if size > MAX_TINY_PARAMETERS:
+            raise ValueError(f"a tiny model of {size:,} parameters is more than this service builds "
+                             f"({MAX_TINY_PARAMETERS:,}); use a local model directory instead")
+    return spec
 
 
 # -- batches --------------------------------------------------------------------------------------
