@@ -239,7 +239,7 @@ def test_availability_without_metrics_counts_own_requests(attach):
 
 
 def test_gauge_sum_reads_prometheus_text():
-    from astranb.engines.sglang import _gauge_sum
+    from astranb.engines._sglang_wire import _gauge_sum
 
     text = ('# HELP sglang:num_queue_reqs x\n# TYPE sglang:num_queue_reqs gauge\n'
             'sglang:num_queue_reqs{model_name="a b",dp_rank="0"} 3.0\n'
@@ -283,7 +283,7 @@ def test_abort_nobody_asked_for_is_an_error(attach):
 
 
 def test_unreachable_server_is_a_clear_error(spec):
-    from astranb.engines.sglang import _free_port
+    from astranb.engines._sglang_server import _free_port
 
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(SGLangError, match=f"cannot reach the SGLang server at {url}"):

@@ -39,57 +39,38 @@ only with top_p=1), and it also stops at the model's own EOS tokens.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 import weakref
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import httpx
 
 from .. import weights
 from ..models import ModelSpec, resolve
-from ..types import Generation, GenerationRequest, SamplingParams, WeightUpdate
+from ..types import Generation, GenerationRequest, WeightUpdate
+from ._sglang_server import (
+    WEIGHTS_FILE, _copy_without_weights, _free_port, _launch, _log_tail, _model_dir,
+    _read_checksum, _require_sglang, _save_weights, _stop_process, _wait_healthy,
+)
+from ._sglang_wire import (
+    SGLangError, _answer, _body, _check_request, _finish, _gauge_sum, _parse_stretch,
+    _stretch_version,
+)
 
 __all__ = ["SGLangEngine", "SGLangError"]
 
-WEIGHTS_FILE = "model.safetensors"
-_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".index.json")
 _GENERATE_TIMEOUT = httpx.Timeout(None, connect=10.0)
 _CONTROL_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 _UPDATE_TIMEOUT = httpx.Timeout(1800.0, connect=10.0)
-
-
-class SGLangError(RuntimeError):
-    """The SGLang server was unreachable, refused a call, or answered something unexpected."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        """HTTP status of a refused call (None when there was no answer)."""
-
-
-@dataclass(frozen=True)
-class _Stretch:
-    """One /generate answer: tokens of one uninterrupted stretch of decoding."""
-
-    ids: list[int]
-    logprobs: list[float]
-    finish: str
-    weight_version: Any
-    message: str
+SGLangError.__module__ = __name__  # defined with the wire format; its public home is here
 
 
 class SGLangEngine:
@@ -250,19 +231,12 @@ class SGLangEngine:
 
     def published_checksum(self) -> int:
         """Checksum of the weights file the server was last told to load, read back (slow)."""
-        from safetensors.torch import load_file
-
-        path = self.workdir / "weights" / WEIGHTS_FILE
         with self._file_lock:
-            if not path.is_file():
-                raise LookupError("no published weights were written for this engine")
-            return weights.checksum(load_file(str(path)))
+            return _read_checksum(self.workdir / "weights" / WEIGHTS_FILE)
 
     def server_log(self, lines: int = 40) -> str:
         """The last lines a launched server wrote ("" when attached)."""
-        path = self.workdir / "server.log"
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return _log_tail(self.workdir / "server.log", lines)
 
     # -- the engine's loop ------------------------------------------------------------------------
 
@@ -320,19 +294,7 @@ class SGLangEngine:
             raise SGLangError(f"cannot reach the SGLang server at {self.url} "
                               f"({type(error).__name__}: {error}); is it running? "
                               "pass launch=True to start one") from error
-        if not response.is_success:
-            raise SGLangError(f"SGLang {method} {path} answered HTTP {response.status_code}: "
-                              f"{_snippet(response.text)}", status=response.status_code)
-        if not as_json:
-            return response
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise SGLangError(f"SGLang {method} {path} answered {_snippet(response.text)!r}, "
-                              "not a JSON object")
-        return data
+        return _answer(method, path, response, as_json)
 
     async def _connect(self) -> None:
         info = await self._call("GET", "/get_server_info")
@@ -377,7 +339,8 @@ class SGLangEngine:
                 stretch = _parse_stretch(answer)
                 ids += stretch.ids
                 logprobs += stretch.logprobs
-                versions += [self._stretch_version(stretch, version)] * len(stretch.ids)
+                stretch_version = _stretch_version(stretch, version, self._known_versions)
+                versions += [stretch_version] * len(stretch.ids)
                 finish = _finish(stretch, ids, request.sampling)
                 if finish is not None:
                     text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -388,13 +351,6 @@ class SGLangEngine:
                     raise SGLangError(f"SGLang aborted request {rid}: {reason}")
         finally:
             self._inflight -= 1
-
-    def _stretch_version(self, stretch: _Stretch, sent_version: int) -> int:
-        try:
-            reported = int(stretch.weight_version)
-        except (TypeError, ValueError):  # "default" (never updated) or a server without the field
-            return sent_version
-        return reported if reported in self._known_versions else sent_version
 
     async def _abort(self, rid: str) -> None:
         try:
@@ -454,8 +410,6 @@ class SGLangEngine:
 
     def _write_weights(self, update: WeightUpdate) -> str:
         """Apply the update to the mirror and rewrite the weights file (worker thread)."""
-        from safetensors.torch import save_file
-
         if update.payload is None:
             self._mirror = self._mirror_checksum = None  # the mirror no longer matches
             tensors = {k: v.detach().to("cpu").clone() for k, v in update.state.items()}
@@ -463,9 +417,8 @@ class SGLangEngine:
         else:
             kind, tensors = self._apply_payload(update), self._mirror
         directory = self._weights_dir()
-        with self._file_lock:  # written aside, then renamed: the server never reads half a file
-            save_file(tensors, str(directory / f"{WEIGHTS_FILE}.tmp"), metadata={"format": "pt"})
-            os.replace(directory / f"{WEIGHTS_FILE}.tmp", directory / WEIGHTS_FILE)
+        with self._file_lock:
+            _save_weights(tensors, directory)
         return kind
 
     def _apply_payload(self, update: WeightUpdate) -> str:
@@ -492,158 +445,21 @@ class SGLangEngine:
         """The model directory's copy without its weights (made once)."""
         directory = self.workdir / "weights"
         if not directory.is_dir():
-            directory.mkdir(parents=True)
-            for item in self._base_dir().iterdir():
-                if item.is_file() and not item.name.endswith(_WEIGHT_FILES):
-                    shutil.copy2(item, directory / item.name)
+            _copy_without_weights(self._base_dir(), directory)
         return directory
 
     def _base_dir(self) -> Path:
-        if self.spec.path is not None:
-            return Path(self.spec.path)
-        base = self.workdir / "base"
-        if not (base / "config.json").is_file():
-            self.spec.save(base)
-        return base
+        return _model_dir(self.spec, self.workdir / "base")
 
     # -- a launched server ------------------------------------------------------------------------
 
     def _start_server(self, port: int, server_args: Sequence[str], token: str | None,
                       timeout: float) -> None:
-        if importlib.util.find_spec("sglang") is None:
-            raise SGLangError("SGLang is not installed in this Python; on a GPU host run pip "
-                              "install 'astranb[sglang]', or pass url= to attach to a running server")
-        command = [sys.executable, "-m", "sglang.launch_server", "--model-path",
-                   str(self._base_dir()), "--host", "127.0.0.1", "--port", str(port),
-                   "--enable-metrics", *server_args]
-        if "--weight-version" not in server_args:
-            command += ["--weight-version", str(self._version)]
-        if token:
-            command += ["--api-key", token]
-        with open(self.workdir / "server.log", "wb") as log:  # own process group: ended as a whole
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+        _require_sglang()
+        log = self.workdir / "server.log"
+        process = _launch(self._base_dir(), port, server_args, token, self._version, log)
         self._stop_server = weakref.finalize(self, _stop_process, process)
-        self._run(self._wait_healthy(process, timeout))
-
-    async def _wait_healthy(self, process: subprocess.Popen, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while (code := process.poll()) is None:
-            try:
-                if (await self._client.get("/health", timeout=10.0)).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise SGLangError(f"the SGLang server did not answer /health within {timeout:.0f}s "
-                                  f"(raise launch_timeout for big models); its last log lines:\n"
-                                  f"{self.server_log()}")
-            await asyncio.sleep(0.5)
-        raise SGLangError(f"the SGLang server exited with code {code} before it was ready; "
-                          f"its last log lines:\n{self.server_log()}")
-
-
-def _stop_process(process: subprocess.Popen) -> None:
-    """End a launched server's process group: SIGTERM, and after 30 s SIGKILL to what is left
-    (SGLang runs its scheduler and detokenizer as child processes)."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:  # nobody left in the group
-            break
-        try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-    process.wait()
-
-
-# -- SGLang's wire format --------------------------------------------------------------------------
-
-
-def _check_request(request: GenerationRequest) -> None:
-    if not isinstance(request, GenerationRequest):
-        raise TypeError(f"expected a GenerationRequest, got {type(request).__name__}")
-    if not request.prompt_ids or not all(isinstance(t, int) and t >= 0 for t in request.prompt_ids):
-        raise ValueError(f"prompt_ids must be non-empty token ids, got {request.prompt_ids!r}")
-
-
-def _body(request: GenerationRequest, done: list[int], rid: str) -> dict:
-    """A /generate body that continues `request` after the tokens already generated."""
-    s = request.sampling
-    sampling = {"temperature": s.temperature, "top_p": s.top_p,
-                "max_new_tokens": s.max_new_tokens - len(done),
-                "stop_token_ids": list(s.stop_token_ids), "skip_special_tokens": True}
-    return {"input_ids": [*request.prompt_ids, *done], "rid": rid, "return_logprob": True,
-            "sampling_params": sampling}
-
-
-def _parse_stretch(answer: dict) -> _Stretch:
-    """Tokens, logprobs and finish reason of a /generate answer; names any missing field."""
-    meta = answer.get("meta_info")
-    if not isinstance(meta, dict) or "finish_reason" not in meta:
-        missing = "meta_info.finish_reason" if isinstance(meta, dict) else "meta_info"
-        keys = sorted(meta or answer)
-        raise SGLangError(f"SGLang /generate answer has no '{missing}' (keys: {keys})")
-    reason = meta["finish_reason"]
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    if kind not in ("stop", "length", "abort"):
-        raise SGLangError(f"SGLang /generate answer has an unknown meta_info.finish_reason "
-                          f"{reason!r}")
-    triples = meta.get("output_token_logprobs")
-    if triples is None and kind != "abort":  # an aborted answer may come without them
-        raise SGLangError("SGLang /generate answer has no 'meta_info.output_token_logprobs' "
-                          "although the engine sent return_logprob=true")
-    try:
-        logprobs = [float(t[0]) for t in triples or ()]
-        logprob_ids = [int(t[1]) for t in triples or ()]
-        ids = [int(t) for t in answer.get("output_ids", logprob_ids)]  # old servers: triples only
-    except (TypeError, ValueError, IndexError) as error:
-        raise SGLangError("SGLang /generate answer has malformed output_ids or meta_info.output_"
-                          f"token_logprobs (want [logprob, token_id, text]): {error}") from error
-    if ids != logprob_ids:
-        if kind != "abort":
-            raise SGLangError(f"SGLang /generate answer: output_ids ({len(ids)} tokens) and "
-                              f"meta_info.output_token_logprobs ({len(logprob_ids)}) disagree")
-        n = next((i for i, (a, b) in enumerate(zip(ids, logprob_ids)) if a != b),
-                 min(len(ids), len(logprob_ids)))
-        ids, logprobs = ids[:n], logprobs[:n]
-    message = str(reason.get("message") or "") if isinstance(reason, dict) else ""
-    return _Stretch(ids, logprobs, kind, meta.get("weight_version"), message)
-
-
-def _finish(stretch: _Stretch, ids: list[int], sampling: SamplingParams) -> str | None:
-    """Why the request is done ("stop" first, as in HFEngine), or None when it must resume."""
-    if ids and ids[-1] in sampling.stop_token_ids:
-        return "stop"
-    if len(ids) >= sampling.max_new_tokens:
-        return "length"
-    return None if stretch.finish == "abort" else stretch.finish  # "stop": the model's own EOS
-
-
-def _gauge_sum(text: str, name: str) -> float:
-    """Sum of a Prometheus gauge over its series (one per scheduler); 0 when absent."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line[len(name):len(name) + 1] not in ("{", " "):
-            continue
-        rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
-        try:
-            total += float(rest.split()[0])
-        except (IndexError, ValueError):
-            raise SGLangError(f"SGLang /metrics has a malformed {name} line: {line!r}") from None
-    return total
-
-
-def _snippet(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        self._run(_wait_healthy(self._client, process, timeout, log))
 
 
 def _settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:
