@@ -55,7 +55,8 @@ class Member:
     state: str = "new"  # new -> ready <-> suspect -> dead -> ready (after catching up)
     instance_id: str | None = None
     last_ok: float = field(default_factory=time.monotonic)
-    availability: int = 0
+    capacity: int = 0
+    updating: bool = False
     inflight: dict[str, dict] = field(default_factory=dict)
     acks: list[str] = field(default_factory=list)
     env_ids: dict[int, str] = field(default_factory=dict)
@@ -64,7 +65,11 @@ class Member:
 
     @property
     def room(self) -> int:
-        return self.availability - len(self.inflight) if self.state == "ready" else -1
+        """Episodes to send it now: its capacity minus what this session has in flight there
+        (counted here exactly), none while it applies weights or is not ready."""
+        if self.state != "ready" or self.updating:
+            return -1
+        return self.capacity - len(self.inflight)
 
 
 @dataclass
@@ -187,7 +192,7 @@ class RolloutPool:
                 fresh = member.instance_id != status["instance_id"]
                 if member.instance_id is not None and fresh:
                     self.counts["rejoins"] += 1
-                member.instance_id, member.availability = status["instance_id"], status["availability"]
+                member.instance_id, member.capacity = status["instance_id"], status["capacity"]
                 member.state, member.last_ok = "ready", time.monotonic()
         except ServiceUnavailable as error:
             member.last_error = str(error)
@@ -214,7 +219,7 @@ class RolloutPool:
         if answer.get("instance_id") != member.instance_id:  # restarted in between: work lost
             self._fail_over(member)
             return
-        member.last_ok, member.availability = time.monotonic(), answer.get("availability", 0)
+        member.last_ok, member.updating = time.monotonic(), answer.get("updating", False)
         if member.state == "suspect":
             member.state = "ready"
             self._queued.set()
@@ -362,6 +367,7 @@ class RolloutPool:
         return {
             "transfer_kind": "+".join(kinds) or "none",
             "transfer_bytes": sum(a.get("bytes", 0) for a in answers.values()),
+            "transfer_seconds": max((a.get("seconds", 0.0) for a in answers.values()), default=0.0),
             "rollout_services": len(answers),
             "rollout_checksums": ",".join(str(a["checksum"]) for a in answers.values()),
             "rollout_versions": ",".join(str(a["version"]) for a in answers.values()),

@@ -45,6 +45,7 @@ from .wire import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire
 __all__ = ["RolloutConfig", "RolloutService", "create_app"]
 
 NAME = r"^[A-Za-z0-9_.:-]{1,64}$"
+LINGER = 0.01  # seconds a woken long-poll waits for more results before answering
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,13 @@ class RolloutService:
         return env
 
     # episodes
+    def _updating(self) -> bool:
+        return any(slot.updating for slot in self.slots.values())
+
     def availability(self) -> int:
-        if any(slot.updating for slot in self.slots.values()):
+        """Episodes it takes now: max_inflight minus those queued or playing; 0 while weights
+        are being applied (AstraFlow's rule: no new work during an update)."""
+        if self._updating():
             return 0
         queued = sum(len(lane.pending) for lane in self._lanes.values())
         return max(0, self.config.max_inflight - queued)
@@ -310,9 +316,12 @@ class RolloutService:
         if body.wait and not lane.done and not (body.resend and lane.sent):
             with anyio.move_on_after(body.wait):
                 await lane.changed.wait()
+                # episodes finish in bursts: linger a moment so one answer carries many
+                await anyio.sleep(min(LINGER, body.wait))
         results = lane.take(body.max, body.resend)
         return {"results": results, "pending": len(lane.pending), "unacked": len(lane.sent),
-                "instance_id": self.instance_id, "availability": self.availability()}
+                "instance_id": self.instance_id, "availability": self.availability(),
+                "capacity": self.config.max_inflight, "updating": self._updating()}
 
     # weights
     async def sync_weights(self, body: NotifyIn, authorization: str | None) -> dict:
@@ -376,6 +385,7 @@ class RolloutService:
         return {
             "service": "rollout", "instance_id": self.instance_id, "engine": self.config.engine,
             "uptime": time.time() - self.started, "availability": self.availability(),
+            "capacity": self.config.max_inflight,
             "policies": {name: self._policy_status(s) for name, s in self.slots.items()},
             "environments": sorted(self.envs),
             "lanes": {name: lane.summary() for name, lane in self._lanes.items()},
