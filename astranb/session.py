@@ -138,6 +138,9 @@ class Session:
         """
         if name in self.policies:
             raise ValueError(f"a policy named {name!r} exists already; pick another name")
+        if self._pool is not None:
+            return self._remote_policy(name, resolve(model), engine, algorithm or GRPO(),
+                                       optimizer or AdamW(), max_batch_size, seed, full_every)
         if engine not in ENGINES:
             raise ValueError(
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
@@ -148,8 +151,6 @@ class Session:
         spec = resolve(model)
         algorithm = algorithm or GRPO()
         optimizer = optimizer or AdamW()
-        if self._pool is not None:
-            return self._remote_policy(name, spec, algorithm, optimizer, max_batch_size, seed, full_every)
         dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
@@ -166,7 +167,8 @@ class Session:
         self.policies[name] = policy
         return policy
 
-    def _remote_policy(self, name, spec, algorithm, optimizer, max_batch_size, seed, full_every) -> Policy:
+    def _remote_policy(self, name, spec, engine, algorithm, optimizer, max_batch_size, seed,
+                       full_every) -> Policy:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
         if self._trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec), "algorithm": algorithm_to_dict(algorithm),
@@ -184,6 +186,12 @@ class Session:
         self.policies[name] = policy
         try:
             self._loop().call(self._pool.prepare)  # every service builds its engine now
+            wrong = {m.url: m.engine for m in self._pool.members.values()
+                     if not m.removed and m.engine != engine}
+            if wrong:
+                raise ValueError(f"policy {name!r} asks for engine={engine!r} but these rollout "
+                                 f"services run another: {wrong}; pass engine= to match, or "
+                                 "start them with `astranb serve rollout --engine ...`")
         except Exception:
             del self.policies[name]
             raise

@@ -68,7 +68,7 @@ def episodes_per_second(episodes: int, chunk: int) -> dict[str, float]:
     procs = [start("serve", "rollout", "--engine", "instant", "--max-inflight", "8192") for _ in range(2)]
     try:
         with ab.Session(ROOT / "runs" / "bench-services", rollout=[u for _, u in procs]) as session:
-            policy = session.policy("solver", ab.models.tiny())
+            policy = session.policy("solver", ab.models.tiny(), engine="instant")
             env = ab.environments.load("arithmetic")
             session.wire(env, solver=policy)
             http_rate = session._loop().call(_drive_pool, session, env, policy, episodes, chunk)
@@ -135,7 +135,8 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     try:
         with ab.Session(ROOT / "runs" / "bench-services", rollout=[r_url], trainer=t_url) as session:
             # full_every=0: every version travels as a delta (the rollout service holds v-1)
-            policy = session.policy("solver", spec, optimizer=ab.AdamW(lr=1e-5), full_every=0)
+            policy = session.policy("solver", spec, engine="instant", optimizer=ab.AdamW(lr=1e-5),
+                                    full_every=0)
             session.wire(ab.environments.load("arithmetic"), solver=policy)
             held = asyncio.run(_pull(t_url, None))  # version 0, full
             for _ in range(steps):

@@ -312,3 +312,37 @@ def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(
         assert policy.version == 7 and run.accounting["trained_twice"] == 0
         engine = apps["http://r0"].state.service.slots["solver"].engine
         assert (engine.version, engine.weights_checksum) == (7, policy.weights_checksum)
+
+
+def test_rollout_services_join_and_leave_while_a_run_goes_on(tmp_path):
+    session, apps, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw), rollouts=2,
+                                           trainer=False)
+    with session:
+        session.remove_rollout("http://r1")  # start with r0 only
+        policy = session.policy("solver", ab.models.tiny())
+        session.wire(SlowCountA(), solver=policy)
+        run = session.train(steps=16, batch_size=16, group_size=4, max_staleness=1)
+        while len(run.metrics) < 3:
+            time.sleep(0.05)
+        session.add_rollout("http://r1")  # joins mid-run: catches up, then gets work
+        while apps["http://r1"].state.service.counters["finished"] < 8:
+            time.sleep(0.05)
+        session.remove_rollout("http://r0")  # leaves mid-run: its in-flight work moves to r1
+        run.wait(progress=False)
+        books = run.accounting
+        assert books["lost"] == 0 and books["trained_twice"] == 0
+        assert list(session.rollout_services) == ["http://r1"]
+        engine = apps["http://r1"].state.service.slots["solver"].engine
+        assert (engine.version, engine.weights_checksum) == (16, policy.weights_checksum)
+        with pytest.raises(ValueError, match="is a rollout service of this session already"):
+            session.add_rollout("http://r1")
+
+
+def test_a_policy_must_ask_for_the_engine_its_services_run(tmp_path):
+    session, _, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw), rollouts=1,
+                                        trainer=False)
+    with session:
+        with pytest.raises(ValueError, match="asks for engine='sglang' but these rollout services"):
+            session.policy("solver", ab.models.tiny(), engine="sglang")
+        assert session.policies == {}
+        session.policy("solver", ab.models.tiny(), engine="hf")

@@ -56,6 +56,7 @@ class Member:
     instance_id: str | None = None
     last_ok: float = field(default_factory=time.monotonic)
     capacity: int = 0
+    engine: str = ""
     updating: bool = False
     inflight: dict[str, dict] = field(default_factory=dict)
     acks: list[str] = field(default_factory=list)
@@ -193,6 +194,7 @@ class RolloutPool:
                 if member.instance_id is not None and fresh:
                     self.counts["rejoins"] += 1
                 member.instance_id, member.capacity = status["instance_id"], status["capacity"]
+                member.engine = status["engine"]
                 member.state, member.last_ok = "ready", time.monotonic()
         except ServiceUnavailable as error:
             member.last_error = str(error)
