@@ -7,12 +7,23 @@ distribution, and the weight version of each token) and accepts weight updates w
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Protocol, runtime_checkable
 
 from ..types import Generation, GenerationRequest, WeightUpdate
 
-__all__ = ["RolloutEngine"]
+__all__ = ["RolloutEngine", "settle"]
+
+
+def settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:
+    """Resolve a future unless its caller already cancelled it (engines share this)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # cancelled meanwhile: nobody is waiting
+        pass
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ import importlib.util
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -36,6 +36,7 @@ from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
+from .base import settle
 
 __all__ = ["HFEngine", "EngineStats"]
 
@@ -326,7 +327,7 @@ class HFEngine:
             self._steps += 1
             self._tokens += len(self._batch.rows) + len(finished)
             for row, reason in finished:
-                _settle(row.future, result=self._generation(row, reason))
+                settle(row.future, result=self._generation(row, reason))
 
     def _admit(self) -> None:
         """Move queued requests into free slots (FIFO) and prefill them together."""
@@ -366,7 +367,7 @@ class HFEngine:
     def _fail_rows(rows, exc: BaseException) -> None:
         """A batched forward failed: every row in it shares the failure; the engine goes on."""
         for row in rows:
-            _settle(row.future, exc=exc)
+            settle(row.future, exc=exc)
 
     # -- weight updates (worker side) -------------------------------------------------------------
 
@@ -383,7 +384,7 @@ class HFEngine:
                 self._mirror = self._mirror_checksum = None  # the mirror no longer matches
                 kind = "state"
         except Exception as exc:
-            _settle(future, exc=exc)
+            settle(future, exc=exc)
             return
         self._version = update.version
         seconds = time.perf_counter() - start
@@ -393,7 +394,7 @@ class HFEngine:
             self._batch.rebuild()
         except Exception as exc:
             self._fail_rows(rows, exc)
-        _settle(future, result={"kind": kind, "apply_seconds": seconds})
+        settle(future, result={"kind": kind, "apply_seconds": seconds})
 
     def _apply_payload(self, update: WeightUpdate) -> str:
         """Apply a full snapshot or delta to the published-dtype mirror, then to the model.
@@ -482,7 +483,7 @@ class HFEngine:
             self._held = True
             self._cv.notify_all()
         for future in pending:
-            _settle(future, exc=exc)
+            settle(future, exc=exc)
 
 
 def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
@@ -499,14 +500,3 @@ def _alias_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
         groups.setdefault(key, []).append(name)
     return list(groups.values())
-
-
-def _settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:
-    """Resolve a future unless its caller already cancelled it."""
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except InvalidStateError:  # cancelled meanwhile: nobody is waiting
-        pass

@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 import weakref
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Sequence
 
@@ -56,6 +56,7 @@ import httpx
 from .. import weights
 from ..models import ModelSpec, resolve
 from ..types import Generation, GenerationRequest, WeightUpdate
+from .base import settle
 from ._sglang_server import (
     WEIGHTS_FILE, _copy_without_weights, _free_port, _launch, _log_tail, _model_dir,
     _read_checksum, _require_sglang, _save_weights, _stop_process, _wait_healthy,
@@ -272,13 +273,13 @@ class SGLangEngine:
     async def _settle_with(self, future: Future, work) -> None:
         """Settle `future` with the outcome of `work()` (unless its caller cancelled it)."""
         try:
-            _settle(future, result=await work())
+            settle(future, result=await work())
         except asyncio.CancelledError:
             message = f"SGLangEngine {self.name!r} closed before the work finished"
-            _settle(future, exc=RuntimeError(message))
+            settle(future, exc=RuntimeError(message))
             raise
         except Exception as error:
-            _settle(future, exc=error)
+            settle(future, exc=error)
 
     async def _shutdown(self) -> None:
         for task in list(self._tasks):
@@ -460,13 +461,3 @@ class SGLangEngine:
         process = _launch(self._base_dir(), port, server_args, token, self._version, log)
         self._stop_server = weakref.finalize(self, _stop_process, process)
         self._run(_wait_healthy(self._client, process, timeout, log))
-
-
-def _settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except InvalidStateError:  # cancelled meanwhile: nobody is waiting
-        pass

@@ -24,7 +24,8 @@ from starlette.exceptions import HTTPException
 
 from .wire import JSON, MSGPACK, pack
 
-__all__ = ["ServiceConfig", "InsecureBind", "install", "reply", "free_port", "is_loopback"]
+__all__ = ["ServiceConfig", "InsecureBind", "service_app", "install", "reply", "free_port",
+           "is_loopback"]
 
 PUBLIC_PATHS = frozenset({"/health"})
 
@@ -66,6 +67,30 @@ class ServiceConfig:
             )
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+
+
+def service_app(title: str, service, config: ServiceConfig, lifespan) -> FastAPI:
+    """A service's FastAPI app with what every service has: the guard middleware, field-naming
+    errors, `/health` (no token), `/v1/status` (service.status()) and `/v1/shutdown`
+    (service.on_shutdown())."""
+    app = install(FastAPI(title=title, version="1", lifespan=lifespan), config)
+    app.state.service = service
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness probe (no token needed)."""
+        return {"ok": True}
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        return service.status()
+
+    @app.post("/v1/shutdown")
+    async def shutdown() -> dict:
+        service.on_shutdown()
+        return {"ok": True}
+
+    return app
 
 
 def install(app: FastAPI, config: ServiceConfig) -> FastAPI:

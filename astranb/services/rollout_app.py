@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field
 from .. import environments, weights
 from ..environment import Environment, EpisodeContext
 from ..types import GenerationRequest, Trajectory, WeightUpdate
-from .http import ServiceConfig, install, reply
+from .http import ServiceConfig, reply, service_app
 from .wire import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire, trajectory_to_wire
 
 __all__ = ["RolloutConfig", "RolloutService", "create_app"]
@@ -465,18 +465,7 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
         async with service.running():
             yield
 
-    app = FastAPI(title="astranb rollout service", version="1", lifespan=lifespan)
-    app.state.service = service
-    install(app, config.service)
-
-    @app.get("/health")
-    async def health() -> dict:
-        """Liveness probe (no token needed)."""
-        return {"ok": True}
-
-    @app.get("/v1/status")
-    async def status() -> dict:
-        return service.status()
+    app = service_app("astranb rollout service", service, config.service, lifespan)
 
     @app.get("/v1/availability")
     async def availability() -> dict:
@@ -526,10 +515,5 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
     @app.post("/v1/eval/end")
     async def eval_end() -> dict:
         return {"dropped": service._lanes["eval"].drop_all()}
-
-    @app.post("/v1/shutdown")
-    async def shutdown() -> dict:
-        service.on_shutdown()
-        return {"ok": True}
 
     return app

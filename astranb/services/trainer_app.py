@@ -37,7 +37,7 @@ from ..algorithms.config import algorithm_from_dict
 from ..models import ModelSpec
 from ..training.local import AdamW, LocalTrainer
 from ..weights.store import WeightStore
-from .http import ServiceConfig, install, reply
+from .http import ServiceConfig, reply, service_app
 from .rollout_app import NAME, ModelIn
 from .wire import OCTETS, batch_from_bytes, spec_from_wire
 
@@ -275,18 +275,7 @@ def create_app(config: TrainerConfig | None = None, backend: TrainerBackend | No
         finally:
             await anyio.to_thread.run_sync(service.backend.close)
 
-    app = FastAPI(title="astranb trainer service", version="1", lifespan=lifespan)
-    app.state.service = service
-    install(app, config.service)
-
-    @app.get("/health")
-    async def health() -> dict:
-        """Liveness probe (no token needed)."""
-        return {"ok": True}
-
-    @app.get("/v1/status")
-    async def status() -> dict:
-        return service.status()
+    app = service_app("astranb trainer service", service, config.service, lifespan)
 
     @app.post("/v1/policies")
     async def policies(body: TrainerPolicyIn) -> dict:
@@ -306,10 +295,5 @@ def create_app(config: TrainerConfig | None = None, backend: TrainerBackend | No
     @app.post("/v1/checkpoint/{policy}")
     async def checkpoint(policy: str) -> dict:
         return {"version": await service.checkpoint(policy)}
-
-    @app.post("/v1/shutdown")
-    async def shutdown() -> dict:
-        service.on_shutdown()
-        return {"ok": True}
 
     return app
