@@ -30,6 +30,8 @@ test: setup
 bench: setup
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/async_vs_sync.py
+	$(BIN)/python bench/delta.py
+	$(BIN)/python bench/services.py
 
 clean:
 	rm -rf $(VENV) results runs .pytest_cache
