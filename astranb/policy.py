@@ -8,6 +8,7 @@ every train step the trainer publishes its weights to the engine as version v+1.
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import anyio
 
@@ -72,8 +73,9 @@ class Policy:
         return self.store.checksum if self.store is not None else None
 
     async def train_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step, off the event loop (a worker thread, or the trainer service)."""
-        if isinstance(self.trainer, RemoteTrainer):
+        """One optimizer step, off the event loop: awaited when the trainer's step is async (a
+        trainer service, a simulated trainer), else in a worker thread."""
+        if inspect.iscoroutinefunction(self.trainer.step):
             return await self.trainer.step(batch)
         return await anyio.to_thread.run_sync(self.trainer.step, batch)
 

@@ -41,6 +41,9 @@ class RunConfig:
     """Buffer order: "edf" (oldest tokens first) or "fifo"."""
     seed: int = 0
     """Seed of the sample stream."""
+    mode: str = "independent"
+    """"independent": each policy steps when its batch is ready; "barrier": versions advance
+    together (no policy starts step v+1 before every policy has published v+1)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):
@@ -66,6 +69,8 @@ class RunConfig:
             )
         if self.order not in ("edf", "fifo"):
             raise ValueError(f"order must be 'edf' or 'fifo', got {self.order!r}")
+        if self.mode not in ("independent", "barrier"):
+            raise ValueError(f"mode must be 'independent' or 'barrier', got {self.mode!r}")
 
     @property
     def groups_per_batch(self) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -34,7 +33,8 @@ from . import environments
 from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
 from .dataflow.buffer import Buffer
-from .dataflow.orchestrator import Orchestrator
+from .dataflow.barrier import VersionBarrier
+from .dataflow.orchestrator import Orchestrator, Source
 from .dataflow.staleness import StalenessGate
 from .engines import HFEngine
 from .environment import Environment, EpisodeContext
@@ -89,7 +89,7 @@ class Session:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.device = device
         self.policies: dict[str, Policy] = {}
-        self._wiring: list[tuple[Environment, dict[str, Policy]]] = []
+        self._wiring: list[tuple[Environment, dict[str, Policy], float]] = []
         self._runs: list[Run] = []
         self._stack = ExitStack()
         self._portal = None
@@ -217,8 +217,14 @@ class Session:
             return {}
         return {m.url: m.state for m in self._pool.members.values() if not m.removed}
 
-    def wire(self, env: Environment | str, **roles: Policy) -> Environment:
-        """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`."""
+    def wire(self, env: Environment | str, *, weight: float = 1.0, **roles: Policy) -> Environment:
+        """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`.
+
+        One policy may fill several roles (shared parameters: `wire(env, solver=p, verifier=p)`)
+        or each role its own policy (trained independently, each on its own turns only). Wire
+        several environments to train on all of them; a run picks each group's environment with
+        probability proportional to `weight`. Wiring an environment again replaces its wiring.
+        """
         if isinstance(env, str):
             env = environments.load(env)
         if not isinstance(env, Environment):
@@ -231,8 +237,10 @@ class Session:
         for role, policy in roles.items():
             if not isinstance(policy, Policy) or self.policies.get(policy.name) is not policy:
                 raise TypeError(f"role {role!r} must be wired to a policy of this session")
-        self._wiring = [(e, w) for e, w in self._wiring if e is not env]
-        self._wiring.append((env, dict(roles)))
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"weight must be a number > 0 (relative sampling weight), got {weight!r}")
+        self._wiring = [(e, w, x) for e, w, x in self._wiring if e is not env]
+        self._wiring.append((env, dict(roles), float(weight)))
         return env
 
     # -- running ---------------------------------------------------------------------------------
@@ -245,6 +253,7 @@ class Session:
         *,
         order: str = "edf",
         seed: int = 0,
+        mode: str = "independent",
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -254,32 +263,43 @@ class Session:
             group_size: episodes per sample (advantages are normalised within a group).
             max_staleness: how many versions rollouts may run ahead of training (0: synchronous).
             order: buffer order, "edf" or "fifo".
-            seed: seed of the sample stream.
+            seed: seed of the sample streams (and of the choice between environments).
+            mode: with several policies, "independent" (each steps when its own batch is
+                ready) or "barrier" (versions advance together, as in AstraFlow).
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
-        config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed)
-        env, wiring = self._check_ready()
+        config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
+        wired = self._check_ready()
+        policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
         index = len(self._runs)
         recorder = Recorder(
             self.directory / f"run-{index:03d}",
-            {p.name: _decoder(p) for p in wiring.values()},
+            {name: _decoder(p) for name, p in policies.items()},
         )
         scope_box: list[anyio.CancelScope] = []
         books: dict[str, int] = {}  # filled when the run ends; live numbers until then
-        future = self._loop().start_task_soon(self._run_main, config, env, wiring, recorder,
+        future = self._loop().start_task_soon(self._run_main, config, wired, recorder,
                                               scope_box, books)
-        run = Run(config, recorder, future, lambda: self._cancel(scope_box),
-                  sorted({p.name for p in wiring.values()}),
+        run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted(policies),
                   lambda: dict(books) or self._loop().call(self._accounting))
         self._runs.append(run)
         return run
 
     def evaluate(self, env: Environment | None = None, n: int = 128, seed: int = 10_000) -> dict[str, float]:
-        """Mean reward per role of `n` episodes with the current weights (nothing is trained)."""
-        env, wiring = self._check_ready() if env is None else (env, self._wiring_of(env))
-        return self._loop().call(self._evaluate, env, wiring, n, seed)
+        """Mean reward per role of `n` episodes with the current weights (nothing is trained).
+
+        Args:
+            env: which wired environment (needed when several are wired).
+        """
+        if env is None:
+            wired = self._check_ready()
+            if len(wired) > 1:
+                names = [e.name for e, _, _ in wired]
+                raise ValueError(f"several environments are wired ({names}); pass env=")
+            env = wired[0][0]
+        return self._loop().call(self._evaluate, env, self._wiring_of(env), n, seed)
 
     @property
     def runs(self) -> list[Run]:
@@ -304,25 +324,35 @@ class Session:
         self.close()
 
     # -- internals -------------------------------------------------------------------------------
-    def _check_ready(self) -> tuple[Environment, dict[str, Policy]]:
+    def wiring_problems(self) -> list[str]:
+        """What stops a run from starting, each with its fix (empty: ready to train)."""
         if not self._wiring:
-            raise ValueError("nothing is wired; call session.wire(env, role=policy) first")
-        if len(self._wiring) > 1:
-            raise ValueError("one environment per run for now; wire a single environment")
-        env, wiring = self._wiring[0]
-        missing = [r for r in env.roles if r not in wiring]
-        if missing:
-            hint = ", ".join(f"{r}=<policy>" for r in missing)
-            raise ValueError(
-                f"role(s) {missing} of {env.name} are not wired; call session.wire(env, {hint})"
-            )
+            return ["nothing is wired; call session.wire(env, role=policy) first"]
+        problems = []
+        for env, wiring, _ in self._wiring:
+            missing = [r for r in env.roles if r not in wiring]
+            if missing:
+                hint = ", ".join(f"{r}=<policy>" for r in missing)
+                problems.append(f"role(s) {missing} of {env.name} are not wired; "
+                                f"call session.wire(env, {hint})")
+            for role, policy in wiring.items():
+                if self.policies.get(policy.name) is not policy:
+                    problems.append(f"role {role!r} of {env.name} is wired to policy "
+                                    f"{policy.name!r}, which is not in this session any more; "
+                                    "wire it to one of " + str(sorted(self.policies)))
+        return problems
+
+    def _check_ready(self) -> list[tuple[Environment, dict[str, Policy], float]]:
+        problems = self.wiring_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         running = [r for r in self._runs if not r.done()]
         if running:
             raise RuntimeError("a run is still going; await it or call run.stop() first")
-        return env, wiring
+        return list(self._wiring)
 
     def _wiring_of(self, env: Environment) -> dict[str, Policy]:
-        for e, w in self._wiring:
+        for e, w, _ in self._wiring:
             if e is env:
                 return w
         raise ValueError(f"{env.name} is not wired to this session; call session.wire first")
@@ -336,22 +366,25 @@ class Session:
         if scope_box and self._portal is not None:
             self._portal.call(scope_box[0].cancel)
 
-    async def _run_main(self, config, env, wiring, recorder: Recorder, scope_box, books) -> None:
-        policies = {p.name: p for p in wiring.values()}
+    async def _run_main(self, config, wired, recorder: Recorder, scope_box, books) -> None:
+        sources = [Source(env, wiring, weight, config.seed) for env, wiring, weight in wired]
+        policies = {n: p for src in sources for n, p in src.policies.items()}
         gate = StalenessGate(policies, config.groups_per_batch, config.max_staleness)
         buffers = {name: Buffer(name, config.order) for name in policies}
-        orchestrator = Orchestrator(env, wiring, buffers, gate, recorder,
+        orchestrator = Orchestrator(sources, buffers, gate, recorder,
                                     group_size=config.group_size, seed=config.seed,
                                     max_consecutive_failures=max(64, 2 * config.batch_size),
                                     pool=self._pool)
         if self._pool is not None:
             self._pool.new_books()
-            self._pool.wire_env(env, wiring)
-        started = time.perf_counter()
+            for src in sources:
+                self._pool.wire_env(src.env, src.wiring)
+        started = anyio.current_time()
+        barrier = VersionBarrier(policies) if config.mode == "barrier" else None
         loops = [
             TrainLoop(p, buffers[n], gate, recorder, orchestrator.counters,
                       p.version + config.steps, config.groups_per_batch,
-                      config.max_staleness, started, pool=self._pool)
+                      config.max_staleness, started, pool=self._pool, barrier=barrier)
             for n, p in policies.items()
         ]
         self._loops = loops  # read by _accounting

@@ -28,9 +28,9 @@ def test_main_signatures():
     assert params(ab.Session.policy) == [
         "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed",
         "weight_transfer", "full_every"]
-    assert params(ab.Session.wire) == ["self", "env", "roles"]
+    assert params(ab.Session.wire) == ["self", "env", "weight", "roles"]
     assert params(ab.Session.train) == [
-        "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed"]
+        "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode"]
     assert params(ab.Run.wait) == ["self", "timeout", "progress"]
     assert params(ab.models.tiny)[:4] == ["hidden_size", "num_layers", "num_heads", "seed"]
     assert params(ab.environments.load) == ["name", "kwargs"]

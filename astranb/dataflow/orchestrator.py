@@ -1,7 +1,8 @@
 """The rollout side of a run: play groups of episodes under the staleness gate, feed the buffers.
 
-Each worker loops: wait for admission, take the next sample, play `group_size` episodes of it
-concurrently, then hand the group to every policy's buffer. A group whose rewards are all equal
+Each worker loops: pick an environment (by the sampling weights of the wired environments), wait
+for admission of its policies, take its next sample, play `group_size` episodes of it
+concurrently, then hand the group to the buffer of every policy that played in it. A group whose rewards are all equal
 for every policy that filters (dynamic sampling) is dropped here, and so are failed episodes; a
 failed episode is still recorded. If every episode keeps failing the run stops with the last
 error instead of spinning forever.
@@ -10,6 +11,7 @@ error instead of spinning forever.
 from __future__ import annotations
 
 import itertools
+import random
 import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from .batcher import has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .staleness import StalenessGate
 
-__all__ = ["Orchestrator", "RolloutCounters", "EpisodesKeepFailing"]
+__all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing"]
 
 
 class EpisodesKeepFailing(RuntimeError):
@@ -48,25 +50,35 @@ class RolloutCounters:
         return rewards
 
 
+class Source:
+    """One wired environment: its roles' policies, its sampling weight and its sample stream."""
+
+    def __init__(self, env: Environment, wiring: Mapping[str, Policy], weight: float = 1.0,
+                 seed: int = 0):
+        if not weight > 0:
+            raise ValueError(f"{env.name}: sampling weight must be > 0, got {weight!r}")
+        self.env, self.wiring, self.weight = env, dict(wiring), float(weight)
+        self.policies = {p.name: p for p in self.wiring.values()}
+        self.samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
+
+
 class Orchestrator:
-    """Plays episodes for one wired environment.
+    """Plays episodes of the wired environments.
 
     Args:
-        env: the environment.
-        wiring: role -> policy.
+        sources: the wired environments (a single Source, or several with sampling weights).
         buffers: policy name -> buffer.
         gate: the run's staleness gate.
         recorder: where episodes go.
         group_size: episodes per sample.
-        seed: seed of the sample stream.
+        seed: seed of the environment choice.
         max_consecutive_failures: stop the run after this many failed episodes in a row.
         pool: a RolloutPool: episodes are played on rollout services instead of in this process.
     """
 
     def __init__(
         self,
-        env: Environment,
-        wiring: Mapping[str, Policy],
+        sources: Source | list[Source],
         buffers: Mapping[str, Buffer],
         gate: StalenessGate,
         recorder: Recorder,
@@ -76,48 +88,55 @@ class Orchestrator:
         max_consecutive_failures: int = 64,
         pool=None,
     ):
-        self.env = env
-        self.wiring = dict(wiring)
+        self.sources = [sources] if isinstance(sources, Source) else list(sources)
         self.buffers = buffers
         self.gate = gate
         self.recorder = recorder
         self.group_size = group_size
         self.counters = RolloutCounters()
-        self._samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
         self._group_ids = itertools.count()
-        self._policies = {p.name: p for p in self.wiring.values()}
+        self._policies = {n: p for src in self.sources for n, p in src.policies.items()}
+        self._rng = random.Random(seed)
         self._consecutive_failures = 0
         self._max_failures = max_consecutive_failures
         self.pool = pool
 
     async def run(self, workers: int) -> None:
-        """Run `workers` group workers until cancelled."""
+        """Run `workers` group workers until cancelled (or every sample stream ends)."""
         async with anyio.create_task_group() as tg:
             for _ in range(workers):
                 tg.start_soon(self._worker)
 
+    def _choose(self) -> Source | None:
+        live = [src for src in self.sources if src.samples is not None]
+        if not live:
+            return None
+        return self._rng.choices(live, weights=[src.weight for src in live])[0]
+
     async def _worker(self) -> None:
-        names = tuple(self._policies)
-        while True:
+        while (source := self._choose()) is not None:
+            names = tuple(source.policies)
             await self.gate.admit(names)
             try:
-                sample = next(self._samples)
+                sample = next(source.samples)
             except StopIteration:
+                source.samples = None
                 self.gate.release({n: 1 for n in names})
-                return
-            group = await self.play_group(sample)
-            self._deliver(group, names)
+                continue
+            group = await self.play_group(sample, source)
+            self._deliver(group, source)
 
-    async def play_group(self, sample: Mapping[str, Any]) -> Group:
+    async def play_group(self, sample: Mapping[str, Any], source: Source | None = None) -> Group:
         """Play group_size episodes of `sample` concurrently; failed ones are left out."""
+        source = source or self.sources[0]
         group_id = next(self._group_ids)
-        admitted = min(p.version for p in self._policies.values())
+        admitted = min(p.version for p in source.policies.values())
         if self.pool is not None:
-            return await self._play_remote(sample, group_id, admitted)
+            return await self._play_remote(sample, group_id, admitted, source)
         results: list[Trajectory | None] = [None] * self.group_size
 
         async def play(i: int) -> None:
-            results[i] = await self.play_episode(sample, group_id, admitted)
+            results[i] = await self.play_episode(sample, group_id, admitted, source)
 
         async with anyio.create_task_group() as tg:
             for i in range(self.group_size):
@@ -126,35 +145,38 @@ class Orchestrator:
         used = frozenset(turn.policy for t in ok for turn in t.turns)
         return Group(group_id, ok, admitted, used)
 
-    async def _play_remote(self, sample, group_id: int, admitted: int) -> Group:
+    async def _play_remote(self, sample, group_id: int, admitted: int, source: Source) -> Group:
         epoch = self.pool.epoch
         ids = self.pool.episode_ids(group_id, self.group_size)
-        results = await self.pool.play(self.env, [(i, dict(sample), group_id, admitted) for i in ids])
+        results = await self.pool.play(source.env, [(i, dict(sample), group_id, admitted) for i in ids])
         for traj in results:
-            self._count(traj)
+            self._count(traj, source)
         if self.pool.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
             return Group(group_id, (), admitted, frozenset())
         ok = tuple(t for t in results if t.ok)
         return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns))
 
-    async def play_episode(self, sample, group_id: int, admitted: int) -> Trajectory:
+    async def play_episode(self, sample, group_id: int, admitted: int,
+                           source: Source | None = None) -> Trajectory:
         """One episode; an exception becomes a failed, recorded trajectory."""
-        ctx = EpisodeContext(self.env, self.wiring)
+        source = source or self.sources[0]
+        env = source.env
+        ctx = EpisodeContext(env, source.wiring)
         try:
-            rewards = self.env.rewards_for(await self.env.episode(ctx, sample))
+            rewards = env.rewards_for(await env.episode(ctx, sample))
             traj = Trajectory(sample, tuple(ctx.turns), rewards, group_id, None, admitted)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:
             traj = Trajectory(sample, tuple(ctx.turns), {}, group_id, traceback.format_exc(), admitted)
-        self._count(traj)
+        self._count(traj, source)
         return traj
 
-    def _count(self, traj: Trajectory) -> None:
+    def _count(self, traj: Trajectory, source: Source) -> None:
         c = self.counters
         c.episodes += 1
         c.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
-        first = next(iter(self._policies.values()))
+        first = next(iter(source.policies.values()))
         self.recorder.add_episode(traj, first.version)
         if traj.ok:
             self._consecutive_failures = 0
@@ -165,13 +187,14 @@ class Orchestrator:
         # raise once: episodes finishing in the same tick must not each add a copy of the error
         if self._consecutive_failures == self._max_failures:
             raise EpisodesKeepFailing(
-                f"the last {self._consecutive_failures} episodes of {self.env.name} all failed; "
+                f"the last {self._consecutive_failures} episodes of {source.env.name} all failed; "
                 f"fix the environment (run.episodes[-1].show() has the full trace). "
                 f"Last error:\n{traj.error}"
             )
 
-    def _deliver(self, group: Group, names: tuple[str, ...]) -> None:
+    def _deliver(self, group: Group, source: Source) -> None:
         """Put the group in the buffer of each policy that can learn from it; release the rest."""
+        names = tuple(source.policies)
         release = {}
         for name in names:
             policy = self._policies[name]

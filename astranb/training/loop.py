@@ -8,7 +8,6 @@ makes `max_staleness=0` fully synchronous.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import anyio
@@ -41,6 +40,8 @@ class TrainLoop:
     trained_twice: int = 0
     pool: object = None
     """The run's RolloutPool, if rollout services play the episodes (rollback handling)."""
+    barrier: object = None
+    """A VersionBarrier in mode="barrier": step v starts once every policy is at version v."""
 
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
@@ -51,13 +52,15 @@ class TrainLoop:
 
     async def step(self) -> dict:
         policy, version = self.policy, self.policy.version
-        t_wait = time.perf_counter()
+        t_wait = anyio.current_time()  # the event loop's clock (virtual in the simulator)
+        if self.barrier is not None:
+            await self.barrier.wait(version)
         groups = await self.buffer.pop(
             self.groups_per_batch, version, self.max_staleness, on_drop=self._drop
         )
         batch = build_batch(groups, policy.name, policy.algorithm, _pad_id(policy))
         tokens_before = self.counters.rollout_tokens
-        t_step = time.perf_counter()
+        t_step = anyio.current_time()
         try:
             metrics = await policy.train_step(batch)
         except TrainerRolledBack as rollback:
@@ -66,6 +69,8 @@ class TrainLoop:
         self._count_trained(groups)
         transfer = await policy.publish()
         self._release(groups)
+        if self.barrier is not None:
+            self.barrier.advanced()
         row = self._row(version, groups, {**metrics, **transfer}, t_wait, t_step, tokens_during, batch)
         self.recorder.add_row(row)
         return row
@@ -85,7 +90,7 @@ class TrainLoop:
         self._release(dropped)
         self.dropped_stale += len(dropped)
         row = {"policy": self.policy.name, "step": rollback.expected, "version": rollback.recovered,
-               "time": time.perf_counter() - self.started, "dropped_stale": self.dropped_stale,
+               "time": anyio.current_time() - self.started, "dropped_stale": self.dropped_stale,
                **transfer}
         self.recorder.add_event("rollback", row)
         return row
@@ -106,7 +111,7 @@ class TrainLoop:
             self.gate.release({self.policy.name: len(groups)})
 
     def _row(self, version, groups, metrics, t_wait, t_step, tokens_during, batch) -> dict:
-        now = time.perf_counter()
+        now = anyio.current_time()
         staleness = [version - g.min_version(self.policy.name) for g in groups]
         versions = batch.versions_B_T[batch.loss_mask_B_T > 0]
         rewards = self.counters.take_rewards()
