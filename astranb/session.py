@@ -50,6 +50,7 @@ from .training.local import AdamW, LocalTrainer
 from .training.loop import TrainLoop
 from .types import WeightUpdate
 from .weights.store import WeightStore
+from .wiring import Wiring
 
 __all__ = ["Session"]
 
@@ -243,6 +244,11 @@ class Session:
         self._wiring.append((env, dict(roles), float(weight)))
         return env
 
+    @property
+    def wiring(self) -> Wiring:
+        """What is wired to what, with its problems: print it, or end a notebook cell with it."""
+        return Wiring(self)
+
     # -- running ---------------------------------------------------------------------------------
     def train(
         self,
@@ -322,6 +328,14 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        envs = [view.label for view in self.wiring.environments]
+        return (f"Session({str(self.directory)!r}, policies={list(self.policies)}, "
+                f"environments={envs})")
+
+    def _repr_html_(self) -> str:
+        return self.wiring._repr_html_()
 
     # -- internals -------------------------------------------------------------------------------
     def wiring_problems(self) -> list[str]:

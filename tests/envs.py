@@ -62,3 +62,30 @@ class SlowCountA(CountA):
 
         await anyio.sleep(self.delay)
         return await super().episode(ctx, sample)
+
+
+class Duet(Environment):
+    """Two roles that both generate: the solver is rewarded for 'a's, the verifier for 'b's.
+
+    Prompts start with the role's own marker, so a test can tell whose turn a batch row is."""
+
+    roles = ("solver", "verifier")
+    sampling = SamplingParams(max_new_tokens=4)
+
+    def samples(self, seed=0):
+        rng = random.Random(seed)
+        while True:
+            yield {"topic": rng.choice("ab")}
+
+    async def episode(self, ctx, sample):
+        said = await ctx.generate("solver", f"s{sample['topic']}:")
+        heard = await ctx.generate("verifier", f"v{said.text[:2]}:")
+        return {"solver": said.text.count("a") / 4, "verifier": heard.text.count("b") / 4}
+
+
+class OnlyB(CountA):
+    """CountA with other prompts (tells which environment an episode came from)."""
+
+    def samples(self, seed=0):
+        while True:
+            yield {"prompt": "zz="}

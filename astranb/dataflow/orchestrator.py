@@ -198,7 +198,7 @@ class Orchestrator:
         release = {}
         for name in names:
             policy = self._policies[name]
-            useful = name in group.policies and (
+            useful = name in group.policies and name not in self.gate.retired and (
                 not policy.algorithm.filter_groups or has_signal_for(group, name)
             )
             if useful and _enough(group, name):

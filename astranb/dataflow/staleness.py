@@ -44,10 +44,30 @@ class StalenessGate:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.capacity = (max_staleness + 1) * groups_per_batch
         self.live: dict[str, int] = {p: 0 for p in policies}
+        self.retired: set[str] = set()
+        self.waiting: set[str] = set()
         self._changed = anyio.Event()
 
     def has_room(self, policies: Iterable[str]) -> bool:
-        return all(self.live[p] < self.capacity for p in policies)
+        return all(
+            p in self.retired or p in self.waiting or self.live[p] < self.capacity
+            for p in policies
+        )
+
+    def set_waiting(self, policy: str, waiting: bool) -> None:
+        """While `policy` waits at the barrier for the others, its full buffer must not stop
+        the rollouts they need (they may be filtered for the others and kept for it); the
+        staleness bound still holds at pop, where groups grown too old are dropped."""
+        (self.waiting.add if waiting else self.waiting.discard)(policy)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def retire(self, policy: str) -> None:
+        """`policy` has taken all its steps: it no longer holds back admission for the others
+        (its groups are released on delivery instead of waiting in a buffer nobody pops)."""
+        self.retired.add(policy)
+        self._changed.set()
+        self._changed = anyio.Event()
 
     async def admit(self, policies: Iterable[str]) -> None:
         """Wait until every named policy has room, then count one more live group for each."""

@@ -49,12 +49,19 @@ class TrainLoop:
     async def run(self) -> None:
         while self.policy.version < self.steps:
             await self.step()
+        # done: stop holding back the other policies' rollouts (their groups may include ours)
+        self.gate.retire(self.policy.name)
+        self._release(self.buffer.drain())
 
     async def step(self) -> dict:
         policy, version = self.policy, self.policy.version
         t_wait = anyio.current_time()  # the event loop's clock (virtual in the simulator)
-        if self.barrier is not None:
-            await self.barrier.wait(version)
+        if self.barrier is not None and self.barrier.slowest() < version:
+            self.gate.set_waiting(policy.name, True)
+            try:
+                await self.barrier.wait(version)
+            finally:
+                self.gate.set_waiting(policy.name, False)
         groups = await self.buffer.pop(
             self.groups_per_batch, version, self.max_staleness, on_drop=self._drop
         )
