@@ -1,0 +1,56 @@
+"""The simulated solver + verifier episode (AstraFlow's actor_and_verify, without the retry).
+
+The solver answers the problem (a long-tail length, drawn by its engine); the verifier reads the
+problem and the answer and gives a shorter verdict. Outcomes are coin flips seeded by (run seed,
+sample, episode): each problem has a difficulty, so a group's solver rewards differ and carry
+signal. Solver reward: 1 if correct. Verifier reward: 1 if its verdict matches the truth.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..environment import Environment, EpisodeContext
+from .costs import Workload
+
+__all__ = ["SolverVerifier"]
+
+_PROMPT_ID, _INSTRUCTION_ID = 2, 3
+
+
+class SolverVerifier(Environment):
+    """Two roles, two generations per episode, random (seeded) rewards.
+
+    Args:
+        workload: prompt and generation lengths, verifier accuracy, token scale.
+        seed: seed of the outcomes.
+    """
+
+    roles = ("solver", "verifier")
+
+    def __init__(self, workload: Workload, seed: int = 0):
+        self.workload, self.seed = workload, seed
+        self._episodes: Counter[int] = Counter()
+
+    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
+        rng = random.Random(f"samples:{seed}")
+        for i in itertools.count():
+            yield {"id": i, "difficulty": rng.random()}
+
+    async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> dict[str, float]:
+        w = self.workload
+        k = self._episodes[sample["id"]]  # episodes of a sample are exchangeable: any order
+        self._episodes[sample["id"]] += 1
+        rng = random.Random(f"episode:{self.seed}:{sample['id']}:{k}")
+        prompt = (_PROMPT_ID,) * w.sim_tokens(w.prompt_tokens)
+        answer = await ctx.generate("solver", prompt, max_new_tokens=w.sim_tokens(w.solver.cap))
+        verifier_prompt = (prompt + answer.completion_ids
+                           + (_INSTRUCTION_ID,) * w.sim_tokens(w.verifier_prompt_extra))
+        await ctx.generate("verifier", verifier_prompt, max_new_tokens=w.sim_tokens(w.verifier.cap))
+        correct = rng.random() >= sample["difficulty"]
+        verdict_right = rng.random() < w.verifier_accuracy
+        return {"solver": float(correct), "verifier": float(verdict_right)}

@@ -1,0 +1,100 @@
+"""Simulated trainers, and the Policy that ties a simulated engine to one.
+
+A SimTrainer's step sleeps for the cost model's step time (costs.py) on its TrainPool, the
+training GPUs it owns; trainers that share a pool take turns (its lock), which is how the
+baseline trains one policy after the other on all the GPUs. Its weights are nothing: publishing
+is the engine's timed in-flight update.
+
+SimPolicy is the real Policy with one change: `publish` awaits the engine's update on the event
+loop. Policy.publish copies weights in a worker thread and waits on a concurrent Future through
+asyncio; under the virtual clock a worker thread would let the clock jump while it runs, and
+asyncio does not exist under trio. Everything else (train_step awaiting an async trainer,
+version, algorithm) is Policy's own code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+
+from ..algorithms import GRPO
+from ..models import ModelSpec
+from ..policy import Policy
+from ..training.local import AdamW
+from ..types import Batch
+from .costs import TrainCosts
+from .engine import SimEngine
+
+__all__ = ["TrainPool", "SimTrainer", "SimPolicy", "SimTokenizer", "sim_policy"]
+
+
+class TrainPool:
+    """Training GPUs owned by one trainer, or shared by trainers that take turns.
+
+    Args:
+        gpus: how many.
+    """
+
+    def __init__(self, gpus: int):
+        self.gpus = gpus
+        self.lock = anyio.Lock()
+        self.gpu_seconds = 0.0
+        """GPU-seconds of steps run so far."""
+
+
+class SimTrainer:
+    """A trainer whose step costs virtual time (see module docstring).
+
+    Args:
+        pool: the GPUs it trains on.
+        costs: the training cost model.
+        token_scale: real tokens per simulated token.
+    """
+
+    def __init__(self, pool: TrainPool, costs: TrainCosts, token_scale: int = 1):
+        self.pool, self.costs, self.token_scale = pool, costs, token_scale
+        self.version = 0
+
+    async def step(self, batch: Batch) -> dict[str, float]:
+        """One step: wait for the pool, sleep the step's cost, version += 1."""
+        tokens = int(batch.attention_mask_B_T.sum()) * self.token_scale
+        seconds = self.costs.step_seconds(tokens, self.pool.gpus)
+        async with self.pool.lock:
+            await anyio.sleep(seconds)
+            self.pool.gpu_seconds += seconds * self.pool.gpus
+        self.version += 1
+        return {"loss": 0.0, "grad_norm": 0.0, "tokens": float(batch.num_tokens * self.token_scale),
+                "train_tokens": float(tokens), "train_seconds": seconds}
+
+    def weights(self) -> dict:
+        return {}
+
+
+@dataclass(eq=False, repr=False)
+class SimPolicy(Policy):
+    """A Policy whose publish is the simulated engine's in-flight update."""
+
+    async def publish(self) -> dict[str, float | str]:
+        start = anyio.current_time()
+        await self.engine.apply_weights(self.trainer.version)
+        return {"transfer_kind": "simulated", "transfer_seconds": anyio.current_time() - start}
+
+
+class SimTokenizer:
+    """Just enough tokenizer for the dataflow: pad and EOS ids (prompts are token ids)."""
+
+    pad_token_id = 0
+    eos_token_id = 1
+
+    def encode(self, text: str) -> list[int]:
+        return [2] * max(1, len(text.split()))
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+def sim_policy(name: str, engine: SimEngine, trainer: SimTrainer, algorithm=None) -> SimPolicy:
+    """A SimPolicy over `engine` and `trainer` (GRPO without group filtering by default)."""
+    return SimPolicy(name, ModelSpec(f"sim-{name}"), algorithm or GRPO(filter_groups=False),
+                     AdamW(), engine, trainer, SimTokenizer())
