@@ -9,11 +9,13 @@ TORCH  ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml
+$(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
+		environments/actor_verifier/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic
+	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic \
+		-e environments/actor_verifier
 	touch $@
 
 # Runs the quickstart notebook headless; the executed notebook and its figure land in results/.

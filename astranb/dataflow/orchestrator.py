@@ -42,12 +42,12 @@ class RolloutCounters:
     failed: int = 0
     filtered_groups: int = 0
     rollout_tokens: int = 0
-    rewards_since_step: list[float] = field(default_factory=list)
+    rewards_since_step: dict[str, list[float]] = field(default_factory=dict)
+    """Per policy: its own role's reward in each episode it played, since its last step."""
 
-    def take_rewards(self) -> list[float]:
-        """Rewards of the episodes finished since the last call (and forget them)."""
-        rewards, self.rewards_since_step = self.rewards_since_step, []
-        return rewards
+    def take_rewards(self, policy: str) -> list[float]:
+        """`policy`'s own-role rewards of the episodes finished since its last call (forgotten)."""
+        return self.rewards_since_step.pop(policy, [])
 
 
 class Source:
@@ -180,7 +180,8 @@ class Orchestrator:
         self.recorder.add_episode(traj, first.version)
         if traj.ok:
             self._consecutive_failures = 0
-            c.rewards_since_step.append(sum(traj.rewards.values()) / len(traj.rewards))
+            for name in {turn.policy for turn in traj.turns}:
+                c.rewards_since_step.setdefault(name, []).append(policy_reward(traj, name))
             return
         c.failed += 1
         self._consecutive_failures += 1

@@ -121,7 +121,7 @@ class TrainLoop:
         now = anyio.current_time()
         staleness = [version - g.min_version(self.policy.name) for g in groups]
         versions = batch.versions_B_T[batch.loss_mask_B_T > 0]
-        rewards = self.counters.take_rewards()
+        rewards = self.counters.take_rewards(self.policy.name)
         c = self.counters
         return {
             "policy": self.policy.name,

@@ -1,0 +1,176 @@
+"""The actor_verifier environment: every path's rewards, the prompts each role sees, and which
+policy each turn (and each trained row) belongs to. Scripted fakes stand in for the models."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import astranb as ab
+from astranb.dataflow.batcher import build_batch
+from astranb.dataflow.buffer import Group
+from astranb_actor_verifier import (ActorVerifier, early_late, retry_prompt, role_rewards, verdict,
+                                    verifier_prompt)
+
+SAMPLE = {"prompt": "3+4=", "answer": 7}
+
+
+class ScriptedCtx:
+    """An episode context that answers each role from a script and records every call."""
+
+    def __init__(self, **script: list[str]):
+        self.script = {role: list(texts) for role, texts in script.items()}
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def generate(self, role, prompt, **sampling):
+        self.calls.append((role, prompt, sampling))
+        return ab.Generation((), (), (), (), "stop", text=self.script[role].pop(0))
+
+
+def play(env, **script):
+    ctx = ScriptedCtx(**script)
+    rewards = anyio.run(env.episode, ctx, SAMPLE)
+    return rewards, ctx.calls
+
+
+@pytest.mark.parametrize(
+    "solver, verifier, rewards",
+    [
+        (["7"], ["y"], {"solver": 1.0, "verifier": 1.0}),           # right, approved
+        (["7", "7"], ["n"], {"solver": 1.0, "verifier": 0.0}),      # right, rejected, right again
+        (["7", "5"], ["nno"], {"solver": 0.0, "verifier": 0.0}),    # right, rejected, talked out of it
+        (["5"], ["y"], {"solver": 0.0, "verifier": 0.0}),           # wrong, approved: no retry
+        (["5", "7"], ["n"], {"solver": 1.0, "verifier": 1.0}),      # wrong, rejected, fixed
+        (["5", "6"], ["n+2"], {"solver": 0.0, "verifier": 1.0}),    # wrong, rejected, still wrong
+        (["5", "7"], ["x"], {"solver": 1.0, "verifier": 0.0}),      # no verdict: a reject worth 0
+        (["7", "7"], [""], {"solver": 1.0, "verifier": 0.0}),       # empty reply: same
+    ],
+)
+def test_rewards_on_every_path(solver, verifier, rewards):
+    got, calls = play(ActorVerifier(), solver=solver, verifier=verifier)
+    assert got == rewards
+    assert [role for role, _, _ in calls] == ["solver", "verifier", "solver"][: 1 + len(solver)]
+
+
+def test_answers_are_read_like_arithmetic():
+    # "7!" is 7 (a digit, then something else); "71" is not 7
+    assert play(ActorVerifier(), solver=["7!"], verifier=["y"])[0] == {"solver": 1.0, "verifier": 1.0}
+    assert play(ActorVerifier(), solver=["71"], verifier=["y"])[0] == {"solver": 0.0, "verifier": 0.0}
+    assert play(ActorVerifier(), solver=["71", "7"], verifier=["n"])[0] == {"solver": 1.0, "verifier": 1.0}
+
+
+def test_prompts_each_role_sees():
+    _, calls = play(ActorVerifier(reason_tokens=3), solver=["5", "7"], verifier=["nbig"])
+    assert calls == [("solver", "3+4=", {}),
+                     ("verifier", "3+4=5?", {"max_new_tokens": 4}),  # verdict + 3 characters
+                     ("solver", "3+4=5?nbig\n3+4=", {})]
+    assert verifier_prompt("1+1=", "2") == "1+1=2?"
+    assert retry_prompt("1+1=", "3", "n") == "1+1=3?n\n1+1="
+
+
+def test_verdict_only_at_first_character():
+    assert verdict("y") == "y" and verdict("nope") == "n"
+    assert verdict(" y") is None and verdict("") is None and verdict("Y") is None
+
+
+def test_without_retry_first_answer_is_final():
+    got, calls = play(ActorVerifier(retry=False), solver=["5"], verifier=["n"])
+    assert got == {"solver": 0.0, "verifier": 1.0} and len(calls) == 2
+
+
+def test_samples_are_small_seeded_sums():
+    env = ActorVerifier()
+    problems = [s for s, _ in zip(env.samples(seed=5), range(300))]
+    assert problems[:20] == [s for s, _ in zip(ActorVerifier().samples(seed=5), range(20))]
+    for s in problems:
+        a, op, b, eq = s["prompt"]
+        assert op == "+" and eq == "=" and int(a) + int(b) == s["answer"] <= 9
+    small = [s["answer"] for s, _ in zip(ActorVerifier(max_value=3).samples(0), range(50))]
+    assert max(small) <= 3
+
+
+def test_prompts_fit_the_tiny_vocabulary():
+    tok = ab.models.tiny().tokenizer()
+    text = retry_prompt("3+4=", "5", "n big")
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.unk_token_id not in tok.encode(text)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="reason_tokens"):
+        ActorVerifier(reason_tokens=-1)
+    with pytest.raises(ValueError, match="ops must be"):
+        ActorVerifier(ops="*")
+
+
+def test_loads_by_name():
+    env = ab.environments.load("actor_verifier", max_value=5)
+    assert isinstance(env, ActorVerifier) and env.roles == ("solver", "verifier")
+    assert "actor_verifier" in ab.environments.available()
+
+
+# -- through the real EpisodeContext: turns are recorded with their role and policy ----------
+
+class ScriptedEngine:
+    """An engine that completes each prompt with the next scripted text (and a version)."""
+
+    def __init__(self, tokenizer, texts, version):
+        self.tokenizer, self.texts, self.version = tokenizer, list(texts), version
+
+    async def generate(self, request):
+        ids = tuple(self.tokenizer.encode(self.texts.pop(0)))
+        return ab.Generation(request.prompt_ids, ids, (-1.0,) * len(ids), (self.version,) * len(ids),
+                             "stop", text=self.tokenizer.decode(ids))
+
+
+def scripted_policy(name, texts, version):
+    spec = ab.models.tiny()
+    tok = spec.tokenizer()
+    return ab.Policy(name, spec, ab.GRPO(), ab.AdamW(), ScriptedEngine(tok, texts, version), None, tok)
+
+
+def test_turns_roles_and_credit_assignment():
+    env = ActorVerifier()
+    # two episodes of one group: (wrong, rejected, fixed) and (right, approved)
+    solver = scripted_policy("alice", ["5", "7", "7"], version=3)
+    verifier = scripted_policy("bob", ["n", "y"], version=8)
+    trajectories = []
+    for i in range(2):
+        ctx = ab.EpisodeContext(env, {"solver": solver, "verifier": verifier})
+        rewards = env.rewards_for(anyio.run(env.episode, ctx, SAMPLE))
+        trajectories.append(ab.Trajectory(SAMPLE, tuple(ctx.turns), rewards, 0, id=f"0.{i}"))
+    assert [(t.role, t.policy) for t in trajectories[0].turns] == [
+        ("solver", "alice"), ("verifier", "bob"), ("solver", "alice")]
+    assert [(t.role, t.policy) for t in trajectories[1].turns] == [
+        ("solver", "alice"), ("verifier", "bob")]
+    assert trajectories[0].rewards == {"solver": 1.0, "verifier": 1.0}
+    assert trajectories[1].rewards == {"solver": 1.0, "verifier": 1.0}
+    group = Group(0, tuple(trajectories), 0, frozenset({"alice", "bob"}))
+    tok = solver.tokenizer
+    alice = build_batch([group], "alice", ab.GRPO(), tok.pad_token_id)
+    bob = build_batch([group], "bob", ab.GRPO(), tok.pad_token_id)
+    assert alice.input_ids_B_T.shape[0] == 3 and bob.input_ids_B_T.shape[0] == 2  # own turns only
+    assert set(alice.versions_B_T[alice.loss_mask_B_T > 0].tolist()) == {3}
+    assert set(bob.versions_B_T[bob.loss_mask_B_T > 0].tolist()) == {8}
+    first_prompt = tok.decode(alice.input_ids_B_T[0, :4].tolist())
+    assert first_prompt == "3+4=" and tok.decode(bob.input_ids_B_T[0, :6].tolist()) == "3+4=5?"
+
+
+def test_role_rewards_and_early_late():
+    def episode(index, solver_version, verifier_version, rewards):
+        turns = ({"role": "solver", "policy": "alice", "versions": [solver_version]},
+                 {"role": "verifier", "policy": "bob", "versions": [verifier_version, verifier_version + 1]})
+        return ab.Episode(index, 0, SAMPLE, turns, rewards, None, 0)
+
+    failed = ab.Episode(9, 0, SAMPLE, (), {}, "Traceback ...", 0)
+    episodes = [episode(0, 0, 0, {"solver": 0.0, "verifier": 1.0}),
+                episode(1, 9, 8, {"solver": 1.0, "verifier": 0.0}),
+                episode(2, 10, 9, {"solver": 1.0, "verifier": 1.0}), failed]
+    table = role_rewards(episodes)
+    assert len(table) == 6
+    assert table.query("episode == 1 and role == 'verifier'")["version"].item() == 8
+    assert set(table.query("role == 'verifier'")["policy"]) == {"bob"}
+    split = early_late(table, steps=10)  # first version 0, last versions 9 and 10
+    assert split.loc["solver", "early"] == 0.0 and split.loc["solver", "late"] == 1.0
+    assert split.loc["verifier", "early"] == 1.0 and split.loc["verifier", "late"] == 1.0
+    assert split.loc["solver", "late_episodes"] == 2 and split.loc["verifier", "late_episodes"] == 1
