@@ -34,6 +34,8 @@ bench: setup
 	$(BIN)/python bench/async_vs_sync.py
 	$(BIN)/python bench/delta.py
 	$(BIN)/python bench/services.py
+	$(BIN)/python bench/multipolicy.py
+	$(BIN)/python bench/multipolicy_sim.py
 
 clean:
 	rm -rf $(VENV) results runs .pytest_cache
