@@ -14,7 +14,6 @@ import random
 import threading
 from concurrent.futures import Future
 
-import torch
 
 from .. import weights
 from ..types import Generation, GenerationRequest, WeightUpdate
@@ -39,8 +38,7 @@ class InstantEngine:
         self.tokenizer = tokenizer
         self._rng = random.Random(seed)
         self._version = 0
-        self._mirror: dict[str, torch.Tensor] | None = None
-        self._mirror_checksum: int | None = None
+        self._mirror = weights.Mirror()
         self._lock = threading.Lock()
         self._paused = False
 
@@ -50,12 +48,12 @@ class InstantEngine:
 
     @property
     def weights_checksum(self) -> int | None:
-        return self._mirror_checksum
+        return self._mirror.checksum
 
     def published_checksum(self) -> int:
-        if self._mirror is None:
+        if self._mirror.tensors is None:
             raise LookupError("no published weights were applied to this engine")
-        return weights.checksum(self._mirror)
+        return weights.checksum(self._mirror.tensors)
 
     def submit(self, request: GenerationRequest) -> Future:
         future: Future = Future()
@@ -87,17 +85,10 @@ class InstantEngine:
     def _apply(self, update: WeightUpdate) -> str:
         with self._lock:
             if update.payload is None:
-                self._mirror = {k: v.detach().to(torch.bfloat16, copy=True) for k, v in update.state.items()}
-                self._mirror_checksum, kind = weights.checksum(self._mirror), "state"
+                self._mirror.set(update.state)
+                kind = "state"
             else:
-                header = weights.peek(update.payload)
-                if header.kind == "full" or self._mirror is None:
-                    self._mirror = weights.decode(None, update.payload) if header.kind == "full" else None
-                    if self._mirror is None:
-                        raise weights.BaseMismatch("the engine holds no weights yet; send a full snapshot")
-                else:
-                    weights.apply(self._mirror, update.payload, base_checksum=self._mirror_checksum)
-                self._mirror_checksum, kind = header.checksum, header.kind
+                kind = self._mirror.apply(update.payload, policy=self.name, version=update.version).kind
             self._version = update.version
         return kind
 

@@ -127,8 +127,7 @@ class SGLangEngine:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"astranb-sglang-{name}-"))
         self._version, self._known_versions = version, {version}
-        self._mirror: dict | None = None  # weights as last published (bf16), payload's names
-        self._mirror_checksum: int | None = None
+        self._mirror = weights.Mirror()  # weights as last published (bf16), payload's names
         self._file_lock = threading.Lock()
         self._paused = self._closed = self._server_paused = False
         self._epoch = self._pending_updates = self._inflight = self._dp_size = 0
@@ -228,7 +227,7 @@ class SGLangEngine:
     @property
     def weights_checksum(self) -> int | None:
         """Checksum of the weights last published to this engine (None if none was)."""
-        return self._mirror_checksum
+        return self._mirror.checksum
 
     def published_checksum(self) -> int:
         """Checksum of the weights file the server was last told to load, read back (slow)."""
@@ -391,7 +390,7 @@ class SGLangEngine:
                     await self._preempt()
                     await self._load(update.version)
                 except BaseException:
-                    self._mirror = self._mirror_checksum = None  # the server may hold other weights
+                    self._mirror.clear()  # the server may hold other weights
                     raise
                 return {"kind": kind, "apply_seconds": time.perf_counter() - start}
         finally:
@@ -412,35 +411,16 @@ class SGLangEngine:
     def _write_weights(self, update: WeightUpdate) -> str:
         """Apply the update to the mirror and rewrite the weights file (worker thread)."""
         if update.payload is None:
-            self._mirror = self._mirror_checksum = None  # the mirror no longer matches
+            self._mirror.clear()  # the mirror no longer matches
             tensors = {k: v.detach().to("cpu").clone() for k, v in update.state.items()}
             kind = "state"
         else:
-            kind, tensors = self._apply_payload(update), self._mirror
+            header = self._mirror.apply(update.payload, policy=self.name, version=update.version)
+            kind, tensors = header.kind, self._mirror.tensors
         directory = self._weights_dir()
         with self._file_lock:
             _save_weights(tensors, directory)
         return kind
-
-    def _apply_payload(self, update: WeightUpdate) -> str:
-        header = weights.peek(update.payload)
-        if header.policy != self.name:
-            raise ValueError(f"payload is for policy {header.policy!r}, this engine is {self.name!r}")
-        if header.version != update.version:
-            raise ValueError(f"payload makes version {header.version}, update says {update.version}")
-        if header.kind == "full":
-            self._mirror = weights.decode(None, update.payload)
-        elif self._mirror is None:
-            raise weights.BaseMismatch(
-                "the engine holds no published weights yet; send a full snapshot first")
-        else:
-            try:
-                weights.apply(self._mirror, update.payload, base_checksum=self._mirror_checksum)
-            except weights.CorruptPayload:
-                self._mirror_checksum = None  # may be half written: only a full snapshot heals it
-                raise
-        self._mirror_checksum = header.checksum
-        return header.kind
 
     def _weights_dir(self) -> Path:
         """The model directory's copy without its weights (made once)."""

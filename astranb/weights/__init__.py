@@ -13,11 +13,13 @@ from .codec import (
     encode_full,
     peek,
 )
+from .mirror import Mirror
 
 __all__ = [
     "BaseMismatch",
     "CorruptPayload",
     "Header",
+    "Mirror",
     "WeightTransferError",
     "apply",
     "checksum",

@@ -1,0 +1,58 @@
+"""A receiver's copy of the published weights, updated by payloads (engines share this)."""
+
+from __future__ import annotations
+
+import torch
+
+from .codec import BaseMismatch, CorruptPayload, Header, apply, checksum, decode, peek
+
+__all__ = ["Mirror"]
+
+
+class Mirror:
+    """The weights exactly as last published (bf16 by default) and their checksum."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.checksum: int | None = None
+
+    def apply(self, payload: bytes, *, policy: str | None = None, version: int | None = None) -> Header:
+        """Bring the mirror to the payload's version: a full snapshot replaces it, a delta is
+        applied in place against the current checksum.
+
+        Args:
+            payload: a full snapshot or a delta (astranb.weights.codec).
+            policy, version: when given, the payload must be for this policy and make this
+                version (checked before anything changes).
+
+        Raises:
+            ValueError: the payload is for another policy or version.
+            BaseMismatch: a delta while the mirror holds no (or other) weights.
+            CorruptPayload: the payload or the result failed its hash; the mirror is then marked
+                unknown (it may be half written) and only a full snapshot heals it.
+        """
+        header = peek(payload)
+        if policy is not None and header.policy != policy:
+            raise ValueError(f"payload is for policy {header.policy!r}, this engine serves {policy!r}")
+        if version is not None and header.version != version:
+            raise ValueError(f"payload makes version {header.version}, update says {version}")
+        if header.kind == "full":
+            self.tensors, self.checksum = decode(None, payload), header.checksum
+            return header
+        if self.tensors is None:
+            raise BaseMismatch("the engine holds no published weights yet; send a full snapshot first")
+        try:
+            apply(self.tensors, payload, base_checksum=self.checksum)
+        except CorruptPayload:
+            self.checksum = None
+            raise
+        self.checksum = header.checksum
+        return header
+
+    def set(self, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> None:
+        """Hold plain tensors (a `state` update) in the published dtype."""
+        self.tensors = {k: v.detach().to("cpu", dtype, copy=True) for k, v in state.items()}
+        self.checksum = checksum(self.tensors)
+
+    def clear(self) -> None:
+        self.tensors = self.checksum = None
