@@ -97,6 +97,7 @@ class Run:
         self._policies = policies
         self._stopped = False
         self._accounting = accounting
+        self._views: list[Any] = []
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -144,6 +145,11 @@ class Run:
         return self._recorder.events
 
     @property
+    def policies(self) -> list[str]:
+        """Names of the policies this run trains."""
+        return list(self._policies)
+
+    @property
     def progress(self) -> tuple[int, int]:
         """(steps done, steps in total) over all policies."""
         return len(self._recorder.rows), self.config.steps * len(self._policies)
@@ -164,6 +170,8 @@ class Run:
                     raise TimeoutError(f"run still {self.status} after {timeout} s")
                 concurrent.futures.wait([self._future], timeout=0.2)
                 bar.update()
+                self._tick_views()
+        self._finish_views()
         return self._result()
 
     def __await__(self):
@@ -174,7 +182,58 @@ class Run:
             while not self._future.done():
                 await asyncio.sleep(0.2)
                 bar.update()
+                self._tick_views()
+        self._finish_views()
         return self._result()
+
+    def dashboard(self, *, interval: float = 0.5, mode: str | None = None):
+        """Show the run's dashboard in this cell and return it.
+
+        Panels: reward per policy, staleness (per step, distribution, bound), weight bytes sent
+        and share of weights changed per version, throughput, buffer, drops and filtered groups,
+        each policy's version; a Stop button. In JupyterLab the panels update live (at most once
+        per `interval` seconds); headless (papermill, nbmake) they appear as a static figure when
+        `await run` / `run.wait()` sees the run end; in a script, one line of text. The
+        `ASTRANB_DISPLAY` environment variable (widgets | static | none) or `mode` overrides
+        the guess. A failing dashboard shows its error and never stops training.
+        """
+        from .dashboard import open_dashboard
+        from .display import MODES, display_mode, in_kernel
+
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (or leave it None)")
+        view = open_dashboard(self, mode or display_mode(), interval)
+        self._views.append(view)
+        if in_kernel():
+            from IPython.display import display
+
+            display(view)  # shown once; a cell ending in run.dashboard() shows nothing more
+        if self.done():
+            self._finish_views()
+        return view
+
+    def _tick_views(self) -> None:
+        for view in self._views:
+            try:
+                view.tick()
+            except Exception as error:  # noqa: BLE001 - a view never stops the wait
+                self._view_failed(view, error)
+
+    def _finish_views(self) -> None:
+        views, self._views = self._views, []
+        for view in views:
+            try:
+                view.finish()
+            except Exception as error:  # noqa: BLE001 - never hide the run's own result
+                self._view_failed(view, error)
+
+    def _view_failed(self, view: Any, error: Exception) -> None:
+        import warnings
+
+        if view in self._views:
+            self._views.remove(view)
+        warnings.warn(f"{type(view).__name__} failed and was switched off ({error!r}); "
+                      "the run goes on", RuntimeWarning, stacklevel=3)
 
     def _result(self) -> Run:
         if self._stopped:

@@ -133,6 +133,8 @@ class TrainLoop:
             "episodes_since_step": len(rewards),
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
+            # groups trained at staleness 0, 1, 2, ... (the dashboard's distribution panel)
+            "staleness_counts": [staleness.count(s) for s in range(max(staleness) + 1)],
             "token_version_min": int(versions.min()),
             "token_version_max": int(versions.max()),
             "buffer_size": len(self.buffer),

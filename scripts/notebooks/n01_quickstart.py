@@ -50,14 +50,16 @@ CELLS = [
         "print(f\"random-policy baseline reward: {baseline['solver']:.3f}\")"
     ),
     new_markdown_cell(
-        "`train` returns at once; training goes on in the background. "
-        "`await run` shows progress and re-raises any background error "
+        "`train` returns at once; training goes on in the background. `run.dashboard()` "
+        "shows reward, staleness, weight-delta sizes, throughput, buffer and drops, live in "
+        "JupyterLab (with a Stop button) and as a static figure when the notebook runs "
+        "headless. `await run` shows progress and re-raises any background error "
         "(use `run.wait()` in a script)."
     ),
     new_code_cell(
         "run = session.train(steps=steps, batch_size=batch_size, group_size=group_size,\n"
         "                    max_staleness=max_staleness)\n"
-        "run"
+        "run.dashboard()"
     ),
     new_code_cell("await run"),
     new_markdown_cell("## Results"),

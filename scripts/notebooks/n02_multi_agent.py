@@ -61,7 +61,7 @@ CELLS = [
     new_code_cell(
         "run = session.train(steps=steps, batch_size=batch_size, group_size=group_size,\n"
         "                    max_staleness=max_staleness, mode=mode)\n"
-        "run"
+        "run.dashboard()"
     ),
     new_code_cell("await run"),
     new_markdown_cell(

@@ -1,0 +1,389 @@
+"""The run dashboard: its panels, its update throttle, and its headless forms.
+
+`run.dashboard()` picks a form from `astranb.display.display_mode()`:
+
+- ``widgets``: `astranb.widgets.dashboard.LiveDashboard`, one plotly FigureWidget holding every
+  panel, a status line and a Stop button, redrawn at most a few times a second.
+- ``static``: an output that shows a one-line progress while the run goes and becomes the same
+  panels as a static figure (plotly JSON for JupyterLab, PNG for everything else) when the
+  waiting cell (`await run` / `run.wait()`) sees the run end.
+- ``none``: one line of text when the run ends.
+
+The panels are plain plotly-JSON dicts built here from the run's metrics rows, so the live widget,
+the static figure and the tests read the same numbers. This module imports neither plotly nor
+ipywidgets (matplotlib draws the PNG, lazily).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .display import publish
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = ["PANELS", "figure", "status_line", "to_png", "Throttle", "StaticDashboard",
+           "TextDashboard", "open_dashboard"]
+
+PANELS: tuple[tuple[str, str, str], ...] = (
+    ("reward", "reward (own role)", "step"),
+    ("staleness", "staleness: mean, max (dotted), bound", "step"),
+    ("staleness_dist", "trained groups by staleness (share)", "versions behind"),
+    ("transfer", "weights sent per version (MB)", "version"),
+    ("sparsity", "weights changed per version (%)", "version"),
+    ("throughput", "tokens/s, episodes/s (dashed)", "seconds"),
+    ("buffer", "buffered groups, live (dotted)", "step"),
+    ("drops", "dropped stale, filtered (dotted), failed (dash)", "step"),
+)
+"""(key, title, x axis label) of each panel, in grid order (2 rows x 4 columns)."""
+
+COLUMNS = 4
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_RATE_WINDOW = 4
+"""Throughput is measured over this many metrics rows (single rows are too noisy)."""
+
+
+# -- panels -------------------------------------------------------------------------------------
+def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_staleness: int,
+           title: str = "") -> dict[str, Any]:
+    """Every panel as one plotly figure dict (`{"data": [...], "layout": {...}}`).
+
+    The traces are the same, in the same order, for any number of rows (empty lists before the
+    first step), so a live view can update them in place.
+
+    Args:
+        rows: the run's metrics rows (one per policy and step).
+        policies: policy names, in legend order.
+        max_staleness: the run's bound, drawn on the staleness panels.
+        title: figure title (the status line).
+    """
+    traces: list[dict[str, Any]] = []
+
+    def add(panel: str, name: str, x, y, policy: str | None = None, dash: str = "solid",
+            kind: str = "scatter", legend: bool = False) -> None:
+        axis = _axis_suffix(panel)
+        color = COLORS[policies.index(policy) % len(COLORS)] if policy in policies else "#7f7f7f"
+        trace = {"type": kind, "name": name, "x": list(x), "y": list(y),
+                 "xaxis": f"x{axis}", "yaxis": f"y{axis}", "showlegend": legend,
+                 "legendgroup": policy or name, "marker": {"color": color}}
+        if kind == "scatter":
+            trace.update(mode="lines", line={"color": color, "dash": dash, "width": 1.5})
+        traces.append(trace)
+
+    mine = {p: [r for r in rows if r.get("policy") == p] for p in policies}
+    for p in policies:
+        steps = [r["step"] for r in mine[p]]
+        add("reward", p, steps, _col(mine[p], "reward"), p, legend=True)
+        add("staleness", f"{p} mean", steps, _col(mine[p], "staleness_mean"), p)
+        add("staleness", f"{p} max", steps, _col(mine[p], "staleness_max"), p, dash="dot")
+    last_step = max((r["step"] for r in rows), default=0)
+    add("staleness", "bound", [0, last_step], [max_staleness, max_staleness], dash="dash")
+
+    depth = max([max_staleness] + [len(r.get("staleness_counts") or ()) - 1 for r in rows])
+    for p in policies:
+        counts = [0] * (depth + 1)
+        for r in mine[p]:
+            for s, n in enumerate(r.get("staleness_counts") or ()):
+                counts[s] += n
+        total = sum(counts)
+        add("staleness_dist", p, range(depth + 1), [n / total if total else 0 for n in counts],
+            p, kind="bar")
+
+    for p in policies:
+        sent = [r for r in mine[p] if isinstance(r.get("transfer_bytes"), (int, float))]
+        add("transfer", p, [r["version"] for r in sent], [r["transfer_bytes"] / 1e6 for r in sent],
+            p, kind="bar")
+        changed = [r for r in mine[p] if isinstance(r.get("changed_fraction"), (int, float))]
+        add("sparsity", p, [r["version"] for r in changed],
+            [100 * r["changed_fraction"] for r in changed], p)
+
+    times, tokens, episodes = _rates(rows)
+    add("throughput", "tokens/s", times, tokens)
+    add("throughput", "episodes/s", times, episodes, dash="dash")
+
+    for p in policies:
+        steps = [r["step"] for r in mine[p]]
+        add("buffer", f"{p} buffered", steps, _col(mine[p], "buffer_size"), p)
+        add("buffer", f"{p} live", steps, _col(mine[p], "live_groups"), p, dash="dot")
+        add("drops", f"{p} dropped stale", steps, _col(mine[p], "dropped_stale"), p)
+        add("drops", f"{p} filtered", steps, _col(mine[p], "filtered_groups"), p, dash="dot")
+        add("drops", f"{p} failed", steps, _col(mine[p], "failed_episodes"), p, dash="dash")
+    return {"data": traces, "layout": _layout(title)}
+
+
+def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequence[str],
+                steps: int, error: BaseException | None = None) -> str:
+    """One line: state, steps, each policy's version, time, last reward, worst staleness."""
+    done = len(rows)
+    parts = [state, f"{done}/{steps * len(policies)} steps"]
+    last = {r["policy"]: r for r in rows}
+    versions = ", ".join(f"{p} v{last[p]['version']}" if p in last else f"{p} v0" for p in policies)
+    parts.append(versions)
+    if rows:
+        parts.append(f"{max(r['time'] for r in rows):.0f} s")
+        rewards = [last[p]["reward"] for p in policies if p in last]
+        rewards = [f"{x:.2f}" for x in rewards if isinstance(x, float) and not math.isnan(x)]
+        if rewards:
+            parts.append("reward " + "/".join(rewards))
+        parts.append(f"staleness max {max(r['staleness_max'] for r in rows)}")
+        parts.append(f"{max(r['episodes'] for r in rows):,} episodes")
+    if error is not None:
+        parts.append(f"error: {type(error).__name__}: {error}")
+    return " · ".join(parts)
+
+
+def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
+    """Draw a `figure()` dict with matplotlib (no pyplot state); returns PNG bytes."""
+    from matplotlib.figure import Figure
+
+    rows = math.ceil(len(PANELS) / COLUMNS)
+    fig = Figure(figsize=(16, 3.2 * rows + 0.4), layout="constrained")
+    axes = fig.subplots(rows, COLUMNS, squeeze=False).flat
+    title = spec.get("layout", {}).get("title", {}).get("text", "")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    for ax, (key, name, xlabel) in zip(axes, PANELS):
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if key == "throughput":
+            ax.set_yscale("symlog")
+    axes = list(fig.axes)
+    bars: dict[int, list[Mapping[str, Any]]] = {}
+    for trace in spec["data"]:
+        index = int(trace["xaxis"][1:] or 1) - 1
+        if trace["type"] == "bar":
+            bars.setdefault(index, []).append(trace)
+            continue
+        line = trace.get("line", {})
+        style = {"solid": "-", "dot": ":", "dash": "--"}.get(line.get("dash", "solid"), "-")
+        axes[index].plot(trace["x"], trace["y"], style, color=line.get("color"),
+                         label=trace["name"] if trace.get("showlegend") else None, linewidth=1.2)
+    for index, group in bars.items():  # side by side, one bar per policy
+        width = 0.8 / len(group)
+        for i, trace in enumerate(group):
+            x = [v + (i - (len(group) - 1) / 2) * width for v in trace["x"]]
+            axes[index].bar(x, trace["y"], width=width, color=trace["marker"]["color"],
+                            label=trace["name"])
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def _axis_suffix(panel: str) -> str:
+    index = [key for key, _, _ in PANELS].index(panel)
+    return "" if index == 0 else str(index + 1)
+
+
+def _layout(title: str) -> dict[str, Any]:
+    rows = math.ceil(len(PANELS) / COLUMNS)
+    gap_x, gap_y = 0.05, 0.16
+    width = (1 - gap_x * (COLUMNS - 1)) / COLUMNS
+    height = (1 - gap_y * (rows - 1)) / rows
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 13}, "x": 0.01},
+        "height": 330 * rows + 60,
+        "margin": {"l": 40, "r": 10, "t": 70, "b": 40},
+        "legend": {"orientation": "h", "y": 1.12, "x": 0.6},
+        "barmode": "group",
+        "annotations": [],
+    }
+    for i, (key, name, xlabel) in enumerate(PANELS):
+        row, col = divmod(i, COLUMNS)
+        x0 = col * (width + gap_x)
+        y1 = 1 - row * (height + gap_y)
+        suffix = "" if i == 0 else str(i + 1)
+        layout[f"xaxis{suffix}"] = {"domain": [x0, x0 + width], "anchor": f"y{suffix}",
+                                    "title": {"text": xlabel, "font": {"size": 10}}}
+        layout[f"yaxis{suffix}"] = {"domain": [y1 - height, y1], "anchor": f"x{suffix}"}
+        if key == "throughput":
+            layout[f"yaxis{suffix}"]["type"] = "log"
+        layout["annotations"].append({
+            "text": name, "x": x0 + width / 2, "y": y1, "xref": "paper", "yref": "paper",
+            "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 11},
+        })
+    return layout
+
+
+def _col(rows: Sequence[Mapping[str, Any]], key: str) -> list:
+    values = []
+    for row in rows:
+        value = row.get(key)
+        # NaN is not JSON: a step without finished episodes has no reward
+        values.append(None if isinstance(value, float) and math.isnan(value) else value)
+    return values
+
+
+def _rates(rows: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float], list[float]]:
+    """Rollout tokens/s and episodes/s over the last few rows, at each row's time."""
+    ordered = sorted(rows, key=lambda r: r["time"])
+    times, tokens, episodes = [], [], []
+    for i in range(1, len(ordered)):
+        a, b = ordered[max(0, i - _RATE_WINDOW)], ordered[i]
+        dt = b["time"] - a["time"]
+        if dt <= 0:
+            continue
+        times.append(round(b["time"], 3))
+        tokens.append((b["rollout_tokens"] - a["rollout_tokens"]) / dt)
+        episodes.append((b["episodes"] - a["episodes"]) / dt)
+    return times, tokens, episodes
+
+
+# -- throttle -----------------------------------------------------------------------------------
+class Throttle:
+    """Calls `render` on its own thread at most once per `interval` seconds, after `poke()`.
+
+    Pokes that arrive faster are merged into the next render, so a fast metrics stream costs the
+    frontend a bounded number of messages. `poke` only sets a flag: it is safe and cheap to call
+    from the training loop. An exception in `render` goes to `on_error` and ends the thread; it
+    never reaches the caller of `poke`.
+    """
+
+    def __init__(self, render: Callable[[], None], interval: float,
+                 on_error: Callable[[BaseException], None], name: str = "astranb-throttle"):
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        self.interval = interval
+        self.renders = 0
+        """How many times `render` ran."""
+        self._render, self._on_error = render, on_error
+        self._dirty, self._closed = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Something changed: render soon (at most once per interval)."""
+        self._dirty.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread (a render in progress finishes first)."""
+        self._closed.set()
+        self._dirty.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        last = -math.inf
+        while True:
+            self._dirty.wait()
+            if self._closed.is_set():
+                return
+            pause = last + self.interval - time.monotonic()
+            if pause > 0 and self._closed.wait(pause):
+                return
+            self._dirty.clear()
+            try:
+                self._render()
+            except BaseException as error:  # noqa: BLE001 - a view must never take training down
+                self._on_error(error)
+                return
+            self.renders += 1
+            last = time.monotonic()
+
+
+# -- headless forms -----------------------------------------------------------------------------
+class _View:
+    """What the waiting cell calls on a dashboard: tick() while waiting, finish() at the end."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def figure(self) -> dict[str, Any]:
+        """The panels now, as a plotly figure dict."""
+        run = self.run
+        return figure(run._recorder.rows, run.policies, run.config.max_staleness, self.status())
+
+    def status(self) -> str:
+        run = self.run
+        return status_line(run.status, run._recorder.rows, run.policies, run.config.steps,
+                           run.error)
+
+    def png(self) -> bytes:
+        """The panels now, drawn as a PNG."""
+        return to_png(self.figure())
+
+    def tick(self) -> None:
+        """Called by the waiting cell a few times a second."""
+
+    def finish(self) -> None:
+        """Called by the waiting cell once the run has ended."""
+
+
+class StaticDashboard(_View):
+    """Headless dashboard: a progress line now, the panels as a static figure at the end."""
+
+    def __init__(self, run: Run, interval: float = 5.0):
+        super().__init__(run)
+        self.interval = interval
+        self.display_id = f"astranb-dashboard-{uuid.uuid4().hex[:12]}"
+        self._last_tick = time.monotonic()
+        self._shown = False
+
+    def _ipython_display_(self) -> None:
+        if not self._shown:
+            self._shown = True
+            publish({"text/plain": "dashboard: " + self.status()}, display_id=self.display_id)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self._shown and now - self._last_tick >= self.interval:
+            self._last_tick = now
+            publish({"text/plain": "dashboard: " + self.status()}, display_id=self.display_id,
+                    update=True)
+
+    def bundle(self) -> dict[str, Any]:
+        """The static form: plotly JSON (JupyterLab draws it), PNG (everything else), text."""
+        spec = self.figure()
+        return {
+            "application/vnd.plotly.v1+json": spec,
+            "image/png": base64.b64encode(to_png(spec)).decode("ascii"),
+            "text/plain": "dashboard: " + self.status(),
+        }
+
+    def finish(self) -> None:
+        publish(self.bundle(), display_id=self.display_id, update=self._shown)
+        self._shown = True
+
+    def __repr__(self) -> str:
+        return f"StaticDashboard({self.status()})"
+
+
+class TextDashboard(_View):
+    """No display: one status line when the run ends (scripts, logs)."""
+
+    def finish(self) -> None:
+        print("dashboard: " + self.status(), flush=True)
+
+    def __repr__(self) -> str:
+        return f"TextDashboard({self.status()})"
+
+
+def open_dashboard(run: Run, mode: str, interval: float) -> _View:
+    """The dashboard form for a display mode (see module doc)."""
+    if mode == "widgets":
+        try:
+            from .widgets.dashboard import LiveDashboard
+        except ImportError as error:
+            raise ImportError(
+                f"the live dashboard needs ipywidgets and plotly ({error}); install them with "
+                "pip install 'astranb[notebook]', or set ASTRANB_DISPLAY=static for static figures"
+            ) from error
+        return LiveDashboard(run, interval)
+    if mode == "static":
+        return StaticDashboard(run)
+    return TextDashboard(run)

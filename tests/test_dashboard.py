@@ -1,0 +1,247 @@
+"""The run dashboard: panel data from hand-made rows, the throttle, live and headless forms."""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+import time
+import warnings
+
+import pytest
+
+import astranb as ab
+from astranb.dashboard import (PANELS, StaticDashboard, TextDashboard, Throttle, figure,
+                               open_dashboard, status_line, to_png)
+from tests.envs import CountA
+
+
+def row(policy, step, **extra):
+    base = {"policy": policy, "step": step, "version": step + 1, "time": 1.0 + step,
+            "reward": 0.5, "staleness_mean": 0.5, "staleness_max": 1, "staleness_counts": [1, 1],
+            "buffer_size": 2, "live_groups": 3, "dropped_stale": 0, "filtered_groups": 0,
+            "failed_episodes": 0, "episodes": 16 * (step + 1), "rollout_tokens": 100 * (step + 1),
+            "transfer_bytes": 2_000_000, "changed_fraction": 0.25}
+    return {**base, **extra}
+
+
+def traces(spec, panel):
+    suffix = [key for key, _, _ in PANELS].index(panel) + 1
+    axis = "x" if suffix == 1 else f"x{suffix}"
+    return {t["name"]: t for t in spec["data"] if t["xaxis"] == axis}
+
+
+def test_figure_panels_hold_the_rows_numbers():
+    rows = [row("a", 0, reward=0.25), row("b", 0, reward=float("nan")),
+            row("a", 1, reward=0.75, staleness_counts=[0, 2, 2], staleness_max=2,
+                transfer_bytes=500_000, changed_fraction=0.1, time=3.0)]
+    spec = figure(rows, ["a", "b"], max_staleness=2)
+    reward = traces(spec, "reward")
+    assert reward["a"]["x"] == [0, 1] and reward["a"]["y"] == [0.25, 0.75]
+    assert reward["b"]["y"] == [None]  # NaN (no finished episode) is not JSON: a gap
+    stale = traces(spec, "staleness")
+    assert stale["bound"]["y"] == [2, 2] and stale["bound"]["x"] == [0, 1]
+    assert stale["a max"]["y"] == [1, 2]
+    dist = traces(spec, "staleness_dist")
+    # policy a trained 1+0 groups at staleness 0, 1+2 at 1, 2 at 2: 6 groups in all
+    assert dist["a"]["x"] == [0, 1, 2]
+    assert dist["a"]["y"] == pytest.approx([1 / 6, 3 / 6, 2 / 6])
+    assert traces(spec, "transfer")["a"]["y"] == [2.0, 0.5]
+    assert traces(spec, "transfer")["a"]["x"] == [1, 2]
+    assert traces(spec, "sparsity")["a"]["y"] == pytest.approx([25.0, 10.0])
+    # throughput over time-ordered rows: (a0 t=1, b0 t=1 -> dt 0 skipped), then a1 at t=3:
+    # window back to the first row: tokens (200-100)/2, episodes (32-16)/2
+    rate = traces(spec, "throughput")
+    assert rate["tokens/s"]["x"] == [3.0]
+    assert rate["tokens/s"]["y"] == [50.0] and rate["episodes/s"]["y"] == [8.0]
+    assert traces(spec, "buffer")["a live"]["y"] == [3, 3]
+
+
+def test_figure_structure_is_stable_before_and_after_data():
+    empty = figure([], ["a", "b"], max_staleness=1)
+    full = figure([row("a", 0), row("b", 0), row("a", 1)], ["a", "b"], max_staleness=1)
+    assert [t["name"] for t in empty["data"]] == [t["name"] for t in full["data"]]
+    assert {t["xaxis"] for t in full["data"]} == {"x"} | {f"x{i}" for i in range(2, len(PANELS) + 1)}
+    assert all(t["x"] == [] for t in empty["data"] if t["name"] not in ("bound", "a", "b"))
+
+
+def test_status_line_names_state_versions_and_error():
+    rows = [row("a", 0), row("a", 1, reward=0.875, time=12.4)]
+    line = status_line("running", rows, ["a", "b"], steps=5)
+    assert line.startswith("running · 2/10 steps · a v2, b v0 · 12 s · reward 0.88")
+    assert "staleness max 1" in line and "32 episodes" in line
+    failed = status_line("failed", rows, ["a"], 5, RuntimeError("boom"))
+    assert failed.endswith("error: RuntimeError: boom")
+
+
+def test_png_is_drawn_from_the_spec():
+    data = to_png(figure([row("a", 0), row("a", 1)], ["a"], 2, "title"))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_throttle_bounds_renders_while_pokes_stream_fast():
+    renders, errors = [], []
+    throttle = Throttle(lambda: renders.append(time.monotonic()), 0.1, errors.append)
+    start = time.monotonic()
+    pokes = 0
+    while time.monotonic() - start < 1.0:
+        throttle.poke()
+        pokes += 1
+    time.sleep(0.3)  # the last pokes still get drawn
+    throttle.close()
+    assert pokes > 1000
+    assert 3 <= len(renders) <= 1.3 / 0.1 + 2
+    gaps = [b - a for a, b in zip(renders, renders[1:])]
+    assert min(gaps) >= 0.1 * 0.9
+    assert renders[-1] > start + 0.9  # the final state was drawn after the stream ended
+    assert not errors and not throttle.alive
+
+
+def test_throttle_error_goes_to_on_error_and_never_to_the_poker():
+    errors = []
+
+    def render():
+        raise ValueError("bad panel")
+
+    throttle = Throttle(render, 0.01, errors.append)
+    throttle.poke()
+    deadline = time.monotonic() + 5
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    throttle.poke()  # no exception here, even though the thread is gone
+    throttle.close()
+    assert len(errors) == 1 and "bad panel" in str(errors[0]) and throttle.renders == 0
+
+
+def test_display_mode_override(monkeypatch):
+    from astranb.display import display_mode
+
+    monkeypatch.setenv("ASTRANB_DISPLAY", "static")
+    assert display_mode() == "static"
+    monkeypatch.setenv("ASTRANB_DISPLAY", "Widgets")
+    assert display_mode() == "widgets"
+    monkeypatch.setenv("ASTRANB_DISPLAY", "fancy")
+    with pytest.raises(ValueError, match="ASTRANB_DISPLAY='fancy'.*widgets, static, none"):
+        display_mode()
+    monkeypatch.delenv("ASTRANB_DISPLAY")
+    assert display_mode() == "none"  # no kernel here
+
+
+# -- with real runs ------------------------------------------------------------------------------
+def make_session(tmp_path):
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                            max_batch_size=32)
+    session.wire(CountA(), solver=policy)
+    return session
+
+
+def test_live_dashboard_throttles_and_ends_with_the_last_step(tmp_path):
+    session = make_session(tmp_path)
+    with session:
+        run = session.train(steps=30, batch_size=8, group_size=4, max_staleness=2)
+        dash = run.dashboard(mode="widgets", interval=0.5)
+        started = time.monotonic()
+        run.wait(progress=False)
+        elapsed = time.monotonic() - started
+    rows = run.metrics
+    assert len(rows) == 30
+    # 30 metrics events; at most one redraw per 0.5 s (+ the first and the final one)
+    assert 1 <= dash.redraws <= elapsed / 0.5 + 2
+    reward = traces(dash.fig.to_plotly_json(), "reward")["solver"]
+    assert reward["x"][-1] == 29 and len(reward["x"]) == 30
+    saved = traces({"data": dash.fig._widget_data}, "reward")["solver"]  # what a notebook saves
+    assert list(saved["x"]) == list(range(30))
+    assert "finished · 30/30 steps · solver v30" in dash.status_html.value
+    assert dash.stop_button.disabled
+
+
+def test_stop_button_stops_the_run(tmp_path):
+    session = make_session(tmp_path)
+    with session:
+        run = session.train(steps=10_000, batch_size=8, group_size=4, max_staleness=2)
+        dash = run.dashboard(mode="widgets", interval=0.2)
+        while len(run.metrics) < 2:
+            time.sleep(0.05)
+        dash.stop_button.click()
+        run.wait(progress=False, timeout=60)
+    assert run.status == "stopped" and len(run.metrics) < 10_000
+    assert "stopped" in dash.status_html.value
+
+
+def test_a_failing_dashboard_never_stops_training(tmp_path, monkeypatch):
+    from astranb.widgets.dashboard import LiveDashboard
+
+    def broken(self):
+        raise RuntimeError("plot exploded")
+
+    monkeypatch.setattr(LiveDashboard, "_redraw", broken)
+    session = make_session(tmp_path)
+    with session:
+        run = session.train(steps=6, batch_size=8, group_size=4, max_staleness=1)
+        dash = run.dashboard(mode="widgets", interval=0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # finish() must not even warn: the error is shown
+            run.wait(progress=False)
+    assert run.status == "finished" and len(run.metrics) == 6
+    assert isinstance(dash.error, RuntimeError)
+    assert "dashboard stopped updating (training goes on)" in dash.status_html.value
+    assert "plot exploded" in dash.status_html.value
+
+
+def test_a_view_that_raises_on_finish_is_reported_not_raised(tmp_path):
+    session = make_session(tmp_path)
+
+    class Broken(TextDashboard):
+        def finish(self):
+            raise OSError("disk full")
+
+    with session:
+        run = session.train(steps=2, batch_size=8, group_size=4, max_staleness=1)
+        run._views.append(Broken(run))
+        with pytest.warns(RuntimeWarning, match="Broken failed.*disk full.*run goes on"):
+            run.wait(progress=False)
+    assert run.status == "finished"
+
+
+def test_static_and_text_dashboards(tmp_path, capsys):
+    session = make_session(tmp_path)
+    with session:
+        run = session.train(steps=3, batch_size=8, group_size=4, max_staleness=1)
+        assert type(open_dashboard(run, "none", 0.5)) is TextDashboard
+        static = run.dashboard(mode="static")
+        text = run.dashboard(mode="none")
+        assert isinstance(static, StaticDashboard) and isinstance(text, TextDashboard)
+        run.wait(progress=False)
+    out = capsys.readouterr().out
+    assert "dashboard: finished · 3/3 steps · solver v3" in out  # printed outside a kernel
+    bundle = static.bundle()
+    assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
+    reward = traces(bundle["application/vnd.plotly.v1+json"], "reward")["solver"]
+    assert reward["x"] == [0, 1, 2]
+    assert reward["y"] == [None if math.isnan(v) else v for v in run.metrics["reward"]]
+    with pytest.raises(ValueError, match="mode='fancy'"):
+        run.dashboard(mode="fancy")
+
+
+def test_dashboard_updates_come_from_one_thread_only(tmp_path):
+    """Redraws run on the dashboard's own thread, never on the training loop's thread."""
+    from astranb.widgets.dashboard import LiveDashboard
+
+    seen = set()
+    original = LiveDashboard._redraw
+
+    def spy(self):
+        seen.add(threading.current_thread().name)
+        original(self)
+
+    session = make_session(tmp_path)
+    LiveDashboard._redraw = spy
+    try:
+        with session:
+            run = session.train(steps=4, batch_size=8, group_size=4, max_staleness=1)
+            run.dashboard(mode="widgets", interval=0.05)
+            run.wait(progress=False)
+    finally:
+        LiveDashboard._redraw = original
+    assert seen <= {"astranb-dashboard", threading.main_thread().name} and seen
