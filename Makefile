@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # CPU build of torch (a plain `torch` requirement may pull a multi-GB CUDA build).
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup quickstart test bench clean
+.PHONY: setup browser quickstart test bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,8 +25,18 @@ quickstart: setup
 		-p results_dir ../results -p run_dir ../runs/quickstart --cwd notebooks
 	@$(BIN)/python -c "import json; print(json.load(open('results/quickstart.json')))"
 
-# The whole test suite (CPU, no network), notebooks included (run small via nbmake).
-test: setup
+# Debian's chromium for the real-browser test (never a downloaded browser build). Without apt
+# as root (or passwordless sudo) it only says so, and that test skips.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "note: chromium is not installed and apt needs root; the browser test will skip"; fi; }
+
+# The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -35,13 +35,13 @@ __all__ = ["PANELS", "figure", "status_line", "to_png", "Throttle", "StaticDashb
 
 PANELS: tuple[tuple[str, str, str], ...] = (
     ("reward", "reward (own role)", "step"),
-    ("staleness", "staleness: mean, max (dotted), bound", "step"),
-    ("staleness_dist", "trained groups by staleness (share)", "versions behind"),
-    ("transfer", "weights sent per version (MB)", "version"),
-    ("sparsity", "weights changed per version (%)", "version"),
-    ("throughput", "tokens/s, episodes/s (dashed)", "seconds"),
-    ("buffer", "buffered groups, live (dotted)", "step"),
-    ("drops", "dropped stale, filtered (dotted), failed (dash)", "step"),
+    ("staleness", "staleness (mean, max dotted)", "step"),
+    ("staleness_dist", "staleness of trained groups", "versions behind"),
+    ("transfer", "weights sent (MB)", "version"),
+    ("sparsity", "weights changed (%)", "version"),
+    ("throughput", "tokens/s, episodes/s dashed", "seconds"),
+    ("buffer", "buffered groups, live dotted", "step"),
+    ("drops", "drops: stale, filtered, failed", "step"),
 )
 """(key, title, x axis label) of each panel, in grid order (2 rows x 4 columns)."""
 
@@ -115,7 +115,8 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         add("buffer", f"{p} live", steps, _col(mine[p], "live_groups"), p, dash="dot")
         add("drops", f"{p} dropped stale", steps, _col(mine[p], "dropped_stale"), p)
         add("drops", f"{p} filtered", steps, _col(mine[p], "filtered_groups"), p, dash="dot")
-        add("drops", f"{p} failed", steps, _col(mine[p], "failed_episodes"), p, dash="dash")
+        add("drops", f"{p} failed episodes", steps, _col(mine[p], "failed_episodes"), p,
+            dash="dash")
     return {"data": traces, "layout": _layout(title)}
 
 
@@ -195,7 +196,8 @@ def _layout(title: str) -> dict[str, Any]:
         "title": {"text": title, "font": {"size": 13}, "x": 0.01},
         "height": 330 * rows + 60,
         "margin": {"l": 40, "r": 10, "t": 70, "b": 40},
-        "legend": {"orientation": "h", "y": 1.12, "x": 0.6},
+        "autosize": True,
+        "legend": {"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"},
         "barmode": "group",
         "annotations": [],
     }

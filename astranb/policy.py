@@ -142,3 +142,25 @@ class Policy:
             f"Policy({self.name!r}, model={self.spec.name}, algorithm={self.algorithm.name}, "
             f"version={self.version}{', remote' if self.pool is not None else ''})"
         )
+
+    def describe(self) -> dict[str, object]:
+        """What the policy is and where it runs, as plain values (the notebook display's rows)."""
+        checksum = self.weights_checksum
+        return {
+            "model": self.spec.name + (f" ({self.spec.path})" if self.spec.path else ""),
+            "algorithm": repr(self.algorithm),
+            "optimizer": repr(self.optimizer),
+            "rollouts": (f"{len(self.pool.members)} rollout service(s)" if self.pool is not None
+                         else type(self.engine).__name__),
+            "trainer": type(self.trainer).__name__,
+            "version": self.version,
+            "weights checksum": f"{checksum:016x}" if isinstance(checksum, int) else "not published",
+        }
+
+    def _repr_html_(self) -> str:
+        from ._html import card, table
+
+        where = "rollout services" if self.pool is not None else "this process"
+        rows = list(self.describe().items())
+        return card(f"Policy {self.name!r}", f"version {self.version}, rollouts in {where}",
+                    table(("", ""), rows), "astranb-policy")

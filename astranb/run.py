@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import html
 import math
 import time
 from collections.abc import Callable
@@ -281,6 +282,32 @@ class Run:
     def __repr__(self) -> str:
         done, total = self.progress
         return f"Run({self.status}, {done}/{total} steps, dir={str(self.directory)!r})"
+
+    def _repr_html_(self) -> str:
+        from ._html import card, table
+
+        done, total = self.progress
+        rows = self._recorder.rows
+        last = {row["policy"]: row for row in rows}
+        columns = ("policy", "version", "reward", "staleness max", "buffer", "dropped stale",
+                   "filtered", "episodes")
+        body = table(columns, [
+            (p, last[p]["version"], last[p]["reward"], last[p]["staleness_max"],
+             last[p]["buffer_size"], last[p]["dropped_stale"], last[p]["filtered_groups"],
+             last[p]["episodes"]) if p in last else (p, 0, "", "", "", "", "", "")
+            for p in self._policies
+        ])
+        error = self.error
+        if error is not None:
+            body += (f"<pre style='color:#d62728'>{type(error).__name__}: "
+                     f"{html.escape(str(error))}</pre>")
+        c = self.config
+        subtitle = (f"{self.status}, {done}/{total} steps, batch {c.batch_size} "
+                    f"(groups of {c.group_size}), max_staleness {c.max_staleness}, {c.mode}")
+        hint = ("<div style='color:#666;font-size:11px'>run.dashboard() for live panels, "
+                "run.metrics for every row, run.episodes[i].show() to step through an "
+                f"episode; files in {html.escape(str(self.directory))}</div>")
+        return card("Run", subtitle, body + hint, "astranb-run")
 
 
 class _Progress:

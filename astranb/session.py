@@ -335,7 +335,19 @@ class Session:
                 f"environments={envs})")
 
     def _repr_html_(self) -> str:
-        return self.wiring._repr_html_()
+        from ._html import card, table
+
+        where = "embedded" if self._pool is None else f"{len(self._pool.members)} rollout service(s)"
+        if self._trainer is not None:
+            where += ", trainer service"
+        policies = table(
+            ("policy", "model", "algorithm", "version", "rollouts"),
+            [(name, p.spec.name, p.algorithm.name, p.version, p.describe()["rollouts"])
+             for name, p in self.policies.items()],
+        ) if self.policies else "<div>no policies yet: session.policy(name, model=...)</div>"
+        runs = f"{len(self._runs)} run(s): " + ", ".join(r.status for r in self._runs[-5:])
+        return card("Session", f"{self.directory} · {where} · {runs if self._runs else 'no runs'}",
+                    policies + self.wiring._repr_html_(), "astranb-session")
 
     # -- internals -------------------------------------------------------------------------------
     def wiring_problems(self) -> list[str]:
