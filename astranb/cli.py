@@ -1,8 +1,10 @@
-"""Command line: `astranb serve rollout|trainer ...` (services for remote sessions).
+"""Command line: `astranb serve rollout|trainer ...` (services for remote sessions) and
+`astranb run NOTEBOOK` (a notebook executed headless, with an HTML export).
 
     astranb serve rollout --engine hf --port 8100                  # loopback, no token needed
     ASTRANB_TOKEN=s3cret astranb serve rollout --host 0.0.0.0 --port 8100
     astranb serve trainer --nproc 2 --port 8200 --checkpoint-dir ckpt   # FSDP over torchrun
+    astranb run notebooks/01_quickstart.ipynb -p steps 50 -o results
 
 The token is read from --token or, better (it stays out of the process list), ASTRANB_TOKEN.
 """
@@ -13,13 +15,23 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "parse_value"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `astranb` command line.
+
+    Args:
+        argv: arguments without the program name (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0 on success, 1 when a notebook cell failed, 2 for bad arguments.
+    """
     parser = argparse.ArgumentParser(prog="astranb", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(commands)
     serve = commands.add_parser("serve", help="run a rollout or trainer service")
     kinds = serve.add_subparsers(dest="kind", required=True)
     rollout = kinds.add_parser("rollout", help="play episodes on rollout engines")
@@ -41,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.add_argument("--checkpoint-every", type=int, default=1, help="steps between checkpoints")
     args = parser.parse_args(argv)
     try:
+        if args.command == "run":
+            return _run_notebook(args)
         if args.kind == "rollout":
             return _serve_rollout(args)
         return _serve_trainer(args)
@@ -94,6 +108,149 @@ def _torchrun(args) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
                f"--master-port={free_port()}", "-m", "astranb.services.trainer_main", *forwarded]
     return subprocess.call(command, env=env)
+
+
+# -- astranb run NOTEBOOK ------------------------------------------------------------------------
+def _add_run_parser(commands) -> None:
+    run = commands.add_parser(
+        "run", help="execute a notebook headless (papermill) and export it as HTML",
+        description="Execute NOTEBOOK with papermill, overriding values of its `parameters` cell, "
+                    "and write the executed notebook and an HTML export of it into OUTDIR.")
+    run.add_argument("notebook", metavar="NOTEBOOK", help="the .ipynb file to execute")
+    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
+                     metavar=("NAME", "VALUE"), dest="parameters",
+                     help="override a parameter (repeatable); VALUE is read as int, float, "
+                          "True/False, None, or else a string")
+    run.add_argument("-o", "--output-dir", default="results", metavar="OUTDIR",
+                     help="where the executed notebook and its HTML go (default: results/)")
+    run.add_argument("--cwd", metavar="DIR",
+                     help="working directory of the kernel (default: the notebook's folder, "
+                          "as in Jupyter)")
+    run.add_argument("--timeout", type=float, metavar="S",
+                     help="seconds any one cell may run (default: no limit)")
+
+
+def parse_value(text: str):
+    """A -p VALUE as papermill's command line reads it.
+
+    Args:
+        text: the value as typed.
+
+    Returns:
+        True, False or None for those words, else an int, else a float, else the text itself.
+    """
+    words = {"True": True, "False": False, "None": None}
+    if text in words:
+        return words[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _run_notebook(args) -> int:
+    papermill = _import_papermill()
+    notebook = Path(args.notebook)
+    if not notebook.is_file():
+        raise ValueError(f"notebook {str(notebook)!r} not found (looked in {Path.cwd()}); "
+                         "give the path to an .ipynb file")
+    parameters = {name: parse_value(value) for name, value in args.parameters}
+    _check_parameters(papermill, notebook, parameters)
+    out = Path(args.output_dir)
+    executed, exported = out / notebook.name, out / f"{notebook.stem}.html"
+    if executed.resolve() == notebook.resolve():
+        raise ValueError(f"-o {args.output_dir} would overwrite {notebook} itself; "
+                         "pick another output folder")
+    cwd = Path(args.cwd) if args.cwd else notebook.parent
+    if not cwd.is_dir():
+        raise ValueError(f"--cwd {args.cwd!r} is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    failure = _execute(papermill, notebook, executed, parameters, cwd, args.timeout)
+    if executed.is_file():
+        _export_html(executed, exported)
+        print(f"executed notebook: {executed}\nHTML export:       {exported}")
+    if failure:
+        print(f"astranb: {notebook} failed: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _import_papermill():
+    try:
+        import nbconvert  # noqa: F401  (the HTML export, checked before anything runs)
+        import papermill
+    except ImportError:
+        raise ValueError('`astranb run` needs papermill and nbconvert: '
+                         'pip install "astranb[notebook]"') from None
+    return papermill
+
+
+def _check_parameters(papermill, notebook: Path, parameters: dict) -> None:
+    """Refuse -p names the notebook's parameters cell does not set (papermill only warns)."""
+    if not parameters:
+        return
+    import nbformat
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    if not any("parameters" in cell.metadata.get("tags", []) for cell in cells):
+        raise ValueError(f"{notebook} has no cell tagged 'parameters', so -p has nothing to "
+                         "override; tag the cell that sets its defaults 'parameters' "
+                         "(JupyterLab: property inspector, cell tags)")
+    known = papermill.inspect_notebook(str(notebook))
+    unknown = sorted(set(parameters) - set(known))
+    if unknown:
+        raise ValueError(f"{notebook} has no parameter(s) {', '.join(unknown)}; its parameters "
+                         f"cell sets: {', '.join(known) or 'nothing'}")
+
+
+def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: Path,
+             timeout: float | None) -> str | None:
+    """Run the notebook into `executed`; None on success, else what failed (the cell, the error)."""
+    from jupyter_client.kernelspec import NoSuchKernel
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    try:  # absolute paths: papermill saves the output while the kernel's cwd is in effect
+        papermill.execute_notebook(str(notebook.resolve()), str(executed.resolve()),
+                                   parameters=parameters, cwd=str(cwd.resolve()),
+                                   progress_bar=True, execution_timeout=timeout)
+    except NoSuchKernel as error:
+        raise ValueError(f"{notebook} asks for the Jupyter kernel {error.name!r}, which is not "
+                         "installed; install ipykernel in this environment or change the "
+                         "notebook's kernel") from None
+    except papermill.PapermillExecutionError as error:
+        cell = _cell_label(error.exec_count, error.source)
+        return f"cell {cell} raised {error.ename}: {error.evalue}"
+    except CellTimeoutError:
+        return f"cell {_last_started(executed)} ran longer than --timeout {timeout:g} s"
+    except DeadKernelError as error:
+        return f"the kernel died in cell {_last_started(executed)} ({error}); out of memory?"
+    return None
+
+
+def _cell_label(exec_count, source: str) -> str:
+    first_line = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    return f"In [{exec_count}] ({first_line[:80]!r})"
+
+
+def _last_started(executed: Path) -> str:
+    """The last cell papermill started, named as `_cell_label` does ("?" if unknown)."""
+    import nbformat
+
+    try:
+        cells = nbformat.read(executed, as_version=4).cells
+    except (OSError, ValueError):
+        return "?"
+    started = [c for c in cells if c.metadata.get("papermill", {}).get("start_time")]
+    return _cell_label(started[-1].get("execution_count"), started[-1].source) if started else "?"
+
+
+def _export_html(executed: Path, exported: Path) -> None:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    exported.write_text(body, encoding="utf-8")
 
 
 if __name__ == "__main__":
