@@ -12,13 +12,15 @@
 
 from . import environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
+from .debugger import EpisodeDebugger, debug
 from .environment import Environment, EpisodeContext
 from .policy import Policy
 from .recorder import Episode
 from .run import Run, RunConfig
 from .session import Session
 from .training.local import AdamW, LocalTrainer
-from .types import Generation, GenerationRequest, SamplingParams, Trajectory, Turn, WeightUpdate
+from .types import (Generation, GenerationRequest, SamplingParams, ToolCall, Trajectory, Turn,
+                    WeightUpdate)
 
 Trainer = LocalTrainer
 """The trainer contract's in-process implementation (step, weights, save, load)."""
@@ -35,6 +37,8 @@ __all__ = [
     "Run",
     "RunConfig",
     "Episode",
+    "EpisodeDebugger",
+    "debug",
     "GRPO",
     "M2PO",
     "Algorithm",
@@ -43,6 +47,7 @@ __all__ = [
     "GenerationRequest",
     "Generation",
     "Turn",
+    "ToolCall",
     "Trajectory",
     "WeightUpdate",
     "models",

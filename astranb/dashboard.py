@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .display import publish
+from .display import cell_number, publish
 
 if TYPE_CHECKING:
     from .run import Run
@@ -335,11 +335,14 @@ class StaticDashboard(_View):
         self.display_id = f"astranb-dashboard-{uuid.uuid4().hex[:12]}"
         self._last_tick = time.monotonic()
         self._shown = False
+        self._shown_in: int | None = -1
+        self._final: dict[str, Any] | None = None
 
     def _ipython_display_(self) -> None:
-        if not self._shown:
-            self._shown = True
-            publish({"text/plain": "dashboard: " + self.status()}, display_id=self.display_id)
+        if self._shown_in != cell_number():  # run.dashboard() ending a cell: shown already
+            self._shown, self._shown_in = True, cell_number()
+            publish(self._final or {"text/plain": "dashboard: " + self.status()},
+                    display_id=self.display_id)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -358,7 +361,8 @@ class StaticDashboard(_View):
         }
 
     def finish(self) -> None:
-        publish(self.bundle(), display_id=self.display_id, update=self._shown)
+        self._final = self.bundle()
+        publish(self._final, display_id=self.display_id, update=self._shown)
         self._shown = True
 
     def __repr__(self) -> str:

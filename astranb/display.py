@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODES", "display_mode", "in_kernel", "publish"]
+__all__ = ["MODES", "display_mode", "in_kernel", "publish", "cell_number"]
 
 MODES = ("widgets", "static", "none")
 
@@ -60,3 +60,15 @@ def publish(bundle: Mapping[str, Any], *, display_id: str | None = None, update:
         update_display(dict(bundle), raw=True, display_id=display_id)
         return None
     return display(dict(bundle), raw=True, display_id=display_id)
+
+
+def cell_number() -> int | None:
+    """The kernel's execution count (which cell runs now), or None outside a kernel.
+
+    Objects that display themselves when created (`run.dashboard()`, `episode.show()`) remember
+    it, so the same cell ending in that call does not show them twice, while a later cell still
+    can.
+    """
+    if not in_kernel():
+        return None
+    return sys.modules["IPython"].get_ipython().execution_count

@@ -1,10 +1,13 @@
 """Environments: what an agent does in one episode, and the context it does it through.
 
 An environment declares its `roles` and writes one coroutine, `episode(ctx, sample)`, that drives
-turns with `await ctx.generate(role, prompt)` and returns a reward (a float for every role, or a
-dict role -> float). Everything the episode generates is recorded on the context, so the episode
-can be trained on, replayed and stepped through. An exception in `episode` fails that episode
-only; the run records it and goes on.
+turns with `await ctx.generate(role, prompt)`, calls tools with `await ctx.tool(name, fn, ...)`
+and returns a reward (a float for every role, or a dict role -> float). Everything the episode
+generates and every tool it calls is recorded on the context, so the episode can be trained on,
+replayed and stepped through (`run.episodes[i].show()`, `ab.debug`). An exception in `episode`
+fails that episode only; the run records it and goes on.
+
+    import operator
 
     class Echo(Environment):
         roles = ("solver",)
@@ -15,17 +18,19 @@ only; the run records it and goes on.
 
         async def episode(self, ctx, sample):
             out = await ctx.generate("solver", sample["prompt"], max_new_tokens=2)
-            return float(out.text.strip() == sample["answer"])
+            right = await ctx.tool("check", operator.eq, out.text.strip(), sample["answer"])
+            return float(right)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .types import Generation, GenerationRequest, SamplingParams, Turn
+from .types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
 
 if TYPE_CHECKING:
     from .policy import Policy
@@ -72,13 +77,15 @@ class Environment(ABC):
 
 
 class EpisodeContext:
-    """The handle an episode acts through: generate per role, and a record of every turn."""
+    """The handle an episode acts through: generate per role, tools, and a record of both."""
 
     def __init__(self, env: Environment, wiring: Mapping[str, Policy]):
         self.env = env
         self._wiring = dict(wiring)
         self.turns: list[Turn] = []
         """Every generate() call so far, in order."""
+        self.tool_calls: list[ToolCall] = []
+        """Every tool() call so far, in order."""
 
     def tokenizer(self, role: str):
         """The tokenizer of the policy wired to `role`."""
@@ -110,6 +117,37 @@ class EpisodeContext:
         self.turns.append(Turn(role, policy.name, generation, params))
         return generation
 
+    async def tool(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call a tool (a checker, a calculator, a code runner) and record the call.
+
+        Recorded tool calls show up between the turns in the episode debugger, and a re-scored
+        episode calls its tools again, so the reward follows whatever the tools say.
+
+        Args:
+            name: what the debugger calls the tool.
+            fn: a function, or an async function (anything returning an awaitable is awaited).
+                A sync function runs on the event loop: keep it quick, or make it async.
+            *args, **kwargs: passed to `fn`; recorded by parameter name.
+
+        Returns:
+            What `fn` returned.
+
+        Raises:
+            Whatever `fn` raised (the call is recorded with the error first).
+        """
+        position = len(self.turns)
+        arguments = _arguments(fn, args, kwargs)
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as error:
+            self.tool_calls.append(ToolCall(name, arguments, None,
+                                            f"{type(error).__name__}: {error}", position))
+            raise
+        self.tool_calls.append(ToolCall(name, arguments, jsonable(result), None, position))
+        return result
+
     def _policy(self, role: str) -> Policy:
         try:
             return self._wiring[role]
@@ -130,3 +168,13 @@ class EpisodeContext:
         if eos is not None and eos not in stop:
             stop = (*stop, eos)
         return dataclasses.replace(params, stop_token_ids=stop)
+
+
+def _arguments(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments by parameter name (positional ones as arg0, arg1, ... when the
+    signature cannot be read or does not fit), as JSON values."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):  # builtins without a signature, or a call that will fail
+        return jsonable({**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs})
+    return jsonable(dict(bound.arguments))

@@ -10,26 +10,36 @@ allowed to stop training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import traceback
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .types import Trajectory
+from .types import Trajectory, Turn
 
-__all__ = ["Episode", "Recorder"]
+if TYPE_CHECKING:
+    from .debugger import EpisodeDebugger
+    from .environment import Environment
+    from .policy import Policy
+
+__all__ = ["Episode", "Recorder", "turn_record"]
 
 
 @dataclass(frozen=True)
 class Episode:
-    """A recorded episode, readable without a tokenizer."""
+    """A recorded episode, readable without a tokenizer.
+
+    `show()` opens it in the step-through debugger; `debugger()` returns that debugger without
+    displaying it (headless use and tests).
+    """
 
     index: int
-    """Order of completion within the run."""
+    """Order of completion within the run (-1: a fresh episode played by `ab.debug`)."""
     group: int
     """Group id (episodes of a group share a sample)."""
     sample: Mapping[str, Any]
@@ -42,19 +52,49 @@ class Episode:
     """Traceback text if the episode raised."""
     trainer_version: int
     """Version of the first policy's trainer when the episode finished."""
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    """Per ctx.tool() call: name, args, result, error, position (turns made before it)."""
+    env: str = ""
+    """Name of the environment that played it."""
+    environment: Environment | None = field(default=None, compare=False, repr=False)
+    """The environment object itself (not saved to disk): what `rescore` plays again."""
+    tokenizers: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Policy name -> tokenizer (not saved to disk): per-token text and re-tokenized edits."""
 
-    def show(self) -> None:
-        """Print the episode turn by turn."""
-        print(self.render())
+    def show(self) -> EpisodeDebugger:
+        """Open the episode in the step-through debugger, display it, and return it.
+
+        In JupyterLab the debugger is a widget; under papermill/nbmake it is a self-contained
+        HTML viewer saved in the notebook; outside a kernel its text is printed (see
+        `astranb.display`). Assign the result (`dbg = episode.show()`) to step with methods;
+        as a cell's last expression it would be displayed a second time.
+        """
+        debugger = self.debugger()
+        debugger.display()
+        return debugger
+
+    def debugger(self, **policies: Policy) -> EpisodeDebugger:
+        """The step-through debugger of this episode, not displayed.
+
+        Args:
+            **policies: role -> policy; with them `rescore` samples the turns after an edit
+                afresh instead of replaying the recorded completions.
+        """
+        from .debugger import EpisodeDebugger
+
+        return EpisodeDebugger(self, policies)
 
     def render(self) -> str:
         lines = [f"episode {self.index} (group {self.group}) sample={dict(self.sample)}"]
+        tools = sorted(self.tool_calls, key=lambda c: c["position"])
         for i, turn in enumerate(self.turns):
+            lines += [_render_tool(c) for c in tools if c["position"] == i]
             versions = sorted(set(turn["versions"]))
             lines.append(
                 f"  turn {i} [{turn['role']} -> {turn['policy']}, versions {versions}]"
                 f"\n    prompt:     {turn['prompt']!r}\n    completion: {turn['completion']!r}"
             )
+        lines += [_render_tool(c) for c in tools if c["position"] >= len(self.turns)]
         lines.append(f"  rewards: {dict(self.rewards)}" if self.error is None else "  FAILED:")
         if self.error:
             lines.append("    " + self.error.strip().replace("\n", "\n    "))
@@ -69,7 +109,75 @@ class Episode:
             "rewards": dict(self.rewards),
             "error": self.error,
             "trainer_version": self.trainer_version,
+            "tool_calls": list(self.tool_calls),
+            "env": self.env,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Episode:
+        """An episode from one line of episodes.jsonl (it knows no environment or tokenizer:
+        pass `rescore(env=...)` to re-score it)."""
+        return cls(int(data["index"]), int(data["group"]), dict(data["sample"]),
+                   tuple(data["turns"]), dict(data["rewards"]), data.get("error"),
+                   int(data.get("trainer_version", 0)), tuple(data.get("tool_calls") or ()),
+                   str(data.get("env", "")))
+
+    @classmethod
+    def from_trajectory(cls, traj: Trajectory, index: int = 0, trainer_version: int = 0, *,
+                        environment: Environment | None = None,
+                        tokenizers: Mapping[str, Any] | None = None,
+                        decode: Mapping[str, Callable[[list[int]], str]] | None = None) -> Episode:
+        """Record a finished trajectory.
+
+        Args:
+            traj: the trajectory.
+            index: its order in the run.
+            trainer_version: version of the first policy's trainer when it finished.
+            environment: the environment that played it (kept so it can be re-scored).
+            tokenizers: policy name -> tokenizer (per-token text, re-tokenized edits).
+            decode: policy name -> ids-to-text for the prompts (default: the tokenizers').
+        """
+        tokenizers = dict(tokenizers or {})
+        decode = dict(decode or {name: _decoder(tok) for name, tok in tokenizers.items()})
+        return cls(
+            index=index,
+            group=traj.group,
+            sample=dict(traj.sample),
+            turns=tuple(turn_record(t, decode.get(t.policy)) for t in traj.turns),
+            rewards=dict(traj.rewards),
+            error=traj.error,
+            trainer_version=trainer_version,
+            tool_calls=tuple(dataclasses.asdict(c) for c in traj.tool_calls),
+            env=traj.env or (environment.name if environment is not None else ""),
+            environment=environment,
+            tokenizers=tokenizers,
+        )
+
+
+def turn_record(turn: Turn, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
+    """One turn as plain JSON values; the prompt text is `decode(prompt_ids)` ("" without)."""
+    gen = turn.generation
+    return {
+        "role": turn.role,
+        "policy": turn.policy,
+        "prompt": decode(list(gen.prompt_ids)) if decode is not None else "",
+        "completion": gen.text,
+        "prompt_ids": list(gen.prompt_ids),
+        "completion_ids": list(gen.completion_ids),
+        "logprobs": list(gen.logprobs),
+        "versions": list(gen.versions),
+        "finish_reason": gen.finish_reason,
+    }
+
+
+def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _render_tool(call: Mapping[str, Any]) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in call["args"].items())
+    outcome = f"raised {call['error']}" if call.get("error") else f"-> {call['result']!r}"
+    return f"  tool {call['name']}({args}) {outcome}"
 
 
 class Recorder:
@@ -116,17 +224,22 @@ class Recorder:
         with self._lock:
             return list(self._events)
 
-    def add_episode(self, traj: Trajectory, trainer_version: int) -> Episode:
+    def add_episode(self, traj: Trajectory, trainer_version: int, *,
+                    environment: Environment | None = None,
+                    tokenizers: Mapping[str, Any] | None = None) -> Episode:
+        """Record a finished episode.
+
+        Args:
+            traj: the trajectory.
+            trainer_version: version of the first policy's trainer now.
+            environment: the environment that played it (kept in memory so the debugger can
+                re-score the episode; never written to disk).
+            tokenizers: policy name -> tokenizer (per-token text in the debugger).
+        """
         with self._lock:
-            episode = Episode(
-                index=len(self._episodes),
-                group=traj.group,
-                sample=dict(traj.sample),
-                turns=tuple(self._turn(t) for t in traj.turns),
-                rewards=dict(traj.rewards),
-                error=traj.error,
-                trainer_version=trainer_version,
-            )
+            episode = Episode.from_trajectory(traj, len(self._episodes), trainer_version,
+                                              environment=environment, tokenizers=tokenizers,
+                                              decode=self._decode)
             self._episodes.append(episode)
             self._episodes_file.write(json.dumps(episode.to_json()) + "\n")
         self._emit("episode", episode)
@@ -169,22 +282,6 @@ class Recorder:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-
-    def _turn(self, turn) -> dict[str, Any]:
-        gen = turn.generation
-        decode = self._decode.get(turn.policy, lambda ids: "")
-        return {
-            "role": turn.role,
-            "policy": turn.policy,
-            "prompt": decode(list(gen.prompt_ids)),
-            "completion": gen.text,
-            "prompt_ids": list(gen.prompt_ids),
-            "completion_ids": list(gen.completion_ids),
-            "logprobs": list(gen.logprobs),
-            "versions": list(gen.versions),
-            "finish_reason": gen.finish_reason,
-        }
-
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):

@@ -426,10 +426,18 @@ class Session:
                             trainers.start_soon(loop.run)
                     tg.cancel_scope.cancel()  # all policies trained: stop the rollouts
         except BaseExceptionGroup as group:
-            raise _root_cause(group) from None
+            failure = _root_cause(group)
+        else:
+            failure = None
         finally:
             books.update(self._accounting())
             recorder.close()
+        if failure is not None:
+            # Raised here, outside the except block, so its __context__ is not the task group's
+            # ExceptionGroup: IPython prints a traceback that links to an exception group as a
+            # plain stderr stream instead of an error output, and nbclient/nbmake/papermill
+            # would then miss the failure.
+            raise failure
 
     def _accounting(self) -> dict[str, int]:
         """The current run's episode books (called on the loop)."""
@@ -484,11 +492,17 @@ class Session:
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:
-    """The error behind nested task-group failures (cancellations it caused left out); the
-    group itself when different kinds of error happened together."""
+    """The error behind nested task-group failures (cancellations it caused left out). When
+    different kinds of error happened together: one RuntimeError naming each, with their
+    tracebacks in its message (not an exception group, which notebooks show poorly)."""
     cancelled = anyio.get_cancelled_exc_class()
-    leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)]
-    return leaves[0] if len({type(e) for e in leaves}) == 1 else group
+    leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)] or list(_leaves(group))
+    if len({type(e) for e in leaves}) == 1:
+        if leaves[0].__context__ is not None and isinstance(leaves[0].__context__, BaseExceptionGroup):
+            leaves[0].__context__ = None
+        return leaves[0]
+    details = "\n".join("".join(traceback.format_exception(e)) for e in leaves)
+    return RuntimeError(f"{len(leaves)} errors at once in the run's background tasks:\n{details}")
 
 
 def _leaves(error: BaseException):

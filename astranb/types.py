@@ -7,6 +7,8 @@ threads and widgets without copies or locks. Tensor fields carry their shape in 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,6 +19,7 @@ __all__ = [
     "GenerationRequest",
     "Generation",
     "Turn",
+    "ToolCall",
     "Trajectory",
     "Batch",
     "WeightUpdate",
@@ -93,6 +96,22 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One `ctx.tool(...)` call inside an episode: what a tool was asked and what it answered."""
+
+    name: str
+    """Name the episode gave the tool."""
+    args: Mapping[str, Any]
+    """The call's arguments by parameter name, as JSON values (repr() for anything else)."""
+    result: Any = None
+    """What the tool returned, as a JSON value (repr() for anything else); None if it raised."""
+    error: str | None = None
+    """"ExceptionType: message" when the tool raised (the episode then sees the exception)."""
+    position: int = 0
+    """Number of generate() turns made before the call (where it sits between the turns)."""
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """A finished episode: every turn it made and the rewards it earned."""
 
@@ -110,6 +129,28 @@ class Trajectory:
     """Trainer version when the episode was admitted."""
     id: str = ""
     """Episode id, unique within a run ("<group>.<index>"); services deduplicate results by it."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Every ctx.tool() call, in call order."""
+    env: str = ""
+    """Name of the environment that played the episode."""
+
+    def __repr__(self) -> str:
+        def turn(t: Turn) -> str:
+            versions = sorted(set(t.generation.versions))
+            span = f"v{versions[0]}" + (f"-{versions[-1]}" if len(versions) > 1 else "") if versions else "v?"
+            return f"{t.role}: {t.generation.text!r} ({len(t.generation.completion_ids)} tokens, {span})"
+
+        calls = f", {len(self.tool_calls)} tool call(s)" if self.tool_calls else ""
+        outcome = f"rewards={dict(self.rewards)}" if self.ok else "FAILED"
+        return (f"Trajectory({self.env or 'episode'} {self.id or ''} group {self.group}: "
+                f"[{'; '.join(turn(t) for t in self.turns)}]{calls}, {outcome})")
+
+    def _repr_html_(self) -> str:
+        """The step-through viewer (prompts need a tokenizer, so they show as token ids)."""
+        from .debugger import EpisodeDebugger
+        from .recorder import Episode
+
+        return EpisodeDebugger(Episode.from_trajectory(self))._repr_html_()
 
     @property
     def ok(self) -> bool:
@@ -122,6 +163,22 @@ class Trajectory:
         ]
         versions = [v for v in versions if v >= 0]
         return min(versions) if versions else -1
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON values: mappings and sequences converted inside, repr() for the rest."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):  # numpy integers too
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None  # NaN and inf are not JSON
+    return repr(value)
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,34 @@ class OnlyB(CountA):
     def samples(self, seed=0):
         while True:
             yield {"prompt": "zz="}
+
+
+class ToolBetween(Environment):
+    """Two generate turns with tool calls around them: turn 0, an async tool, turn 1 (whose
+    prompt carries the tool's answer), a sync check. Reward: 1 when turn 1 starts with the
+    sample's answer digit (the check tool's verdict), else 0."""
+
+    roles = ("solver",)
+    sampling = SamplingParams(max_new_tokens=3)
+
+    def samples(self, seed=0):
+        rng = random.Random(seed)
+        while True:
+            a, b = rng.randint(0, 4), rng.randint(0, 4)
+            yield {"prompt": f"{a}+{b}=", "answer": a + b}
+
+    async def episode(self, ctx, sample):
+        first = await ctx.generate("solver", sample["prompt"])
+        count = await ctx.tool("count_a", count_a, first.text)
+        second = await ctx.generate("solver", f"{sample['prompt']}{count}=")
+        right = await ctx.tool("check", starts_with, second.text, str(sample["answer"]))
+        return 1.0 if right else 0.0
+
+
+async def count_a(text: str) -> int:
+    """An async tool: how many 'a' are in `text`."""
+    return text.count("a")
+
+
+def starts_with(text: str, prefix: str) -> bool:
+    return text.startswith(prefix)

@@ -16,7 +16,8 @@ from astranb.services import rollout_app, trainer_app
 from astranb.services.http import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA"}
+TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA",
+             "ToolBetween": "tests.envs:ToolBetween"}
 
 
 class Switchable(httpx.AsyncBaseTransport):

@@ -26,6 +26,9 @@ class ScriptedCtx:
         self.calls.append((role, prompt, sampling))
         return ab.Generation((), (), (), (), "stop", text=self.script[role].pop(0))
 
+    async def tool(self, name, fn, *args):
+        return fn(*args)
+
 
 def play(env, **script):
     ctx = ScriptedCtx(**script)

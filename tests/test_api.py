@@ -8,9 +8,9 @@ import astranb as ab
 def test_exported_names():
     assert sorted(ab.__all__) == sorted([
         "Session", "Policy", "Environment", "EpisodeContext", "Trainer", "LocalTrainer", "Run",
-        "RunConfig", "Episode", "GRPO", "M2PO", "Algorithm", "AdamW", "SamplingParams",
-        "GenerationRequest", "Generation", "Turn", "Trajectory", "WeightUpdate", "models",
-        "environments", "weights", "__version__",
+        "RunConfig", "Episode", "EpisodeDebugger", "debug", "GRPO", "M2PO", "Algorithm", "AdamW",
+        "SamplingParams", "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory",
+        "WeightUpdate", "models", "environments", "weights", "__version__",
     ])
     for name in ab.__all__:
         assert hasattr(ab, name), name
@@ -37,6 +37,12 @@ def test_main_signatures():
     assert params(ab.Environment.episode) == ["self", "ctx", "sample"]
     assert inspect.iscoroutinefunction(ab.Environment.episode)
     assert inspect.iscoroutinefunction(ab.EpisodeContext.generate)
+    assert inspect.iscoroutinefunction(ab.EpisodeContext.tool)
+    assert params(ab.EpisodeContext.tool) == ["self", "name", "fn", "args", "kwargs"]
+    assert params(ab.debug) == ["env", "sample", "policies"]
+    for method in ("forward", "back", "goto", "run_until", "edit", "rescore", "to_html",
+                   "export_html"):
+        assert callable(getattr(ab.EpisodeDebugger, method))
     for method in ("step", "weights", "save", "load"):
         assert callable(getattr(ab.Trainer, method))
 

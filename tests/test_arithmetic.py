@@ -46,6 +46,10 @@ def test_reward(tmp_path):
             assert role == "solver" and prompt == "3+4="
             return type("G", (), {"text": self.text})()
 
+        async def tool(self, name, fn, *args):
+            assert name == "check"
+            return fn(*args)
+
     import anyio
 
     env = Arithmetic()

@@ -9,14 +9,15 @@ from tests.envs import CountA
 
 
 class Text(HTMLParser):
-    def __init__(self, html):
+    def __init__(self, html, scripts=False):
         super().__init__()
+        self.scripts = scripts
         self.parts, self.tags = [], []
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
-        assert tag != "script", "displays must not carry scripts"
+        assert self.scripts or tag != "script", "displays must not carry scripts"
 
     def handle_data(self, data):
         self.parts.append(data)
@@ -49,3 +50,17 @@ def test_session_policy_and_run_displays(tmp_path):
         page = Text(session._repr_html_()).text
         assert "embedded" in page and "1 run(s): finished" in page
         assert "solver" in page and "CountA" in page  # the wiring is part of it
+
+
+def test_trajectory_text_and_html():
+    from astranb.types import Generation, SamplingParams, ToolCall, Trajectory, Turn
+
+    gen = Generation((1, 5), (7, 2), (-0.5, -1.25), (3, 4), "stop", "a7")
+    turn = Turn("solver", "p", gen, SamplingParams())
+    traj = Trajectory({"prompt": "ab="}, (turn,), {"solver": 0.5}, 7, None, 3, "7.0",
+                      (ToolCall("check", {"text": "a7"}, True, None, 1),), "Arithmetic")
+    text = repr(traj)
+    assert text == ("Trajectory(Arithmetic 7.0 group 7: [solver: 'a7' (2 tokens, v3-4)], "
+                    "1 tool call(s), rewards={'solver': 0.5})")
+    page = Text(traj._repr_html_(), scripts=True).text  # the stepping viewer has a little JS
+    assert "check" in page and "0.5" in page

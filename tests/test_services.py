@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import anyio
@@ -19,7 +20,7 @@ from astranb.services.pool import RolloutPool
 from astranb.services.wire import (
     batch_from_bytes, batch_to_bytes, spec_to_wire, trajectory_from_wire, trajectory_to_wire,
 )
-from astranb.types import Batch, Generation, SamplingParams, Trajectory, Turn
+from astranb.types import Batch, Generation, SamplingParams, ToolCall, Trajectory, Turn
 
 from .envs import CountA, SlowCountA
 from .services import Switchable, in_process_services
@@ -32,8 +33,12 @@ TOKEN = "test-token"
 def test_trajectory_round_trip():
     gen = Generation((1, 5), (7, 2), (-0.5, -1.25), (3, 4), "stop", "a")
     turn = Turn("solver", "p", gen, SamplingParams(0.7, 0.9, 4, (2,)))
-    traj = Trajectory({"prompt": "ab=", "n": 3}, (turn,), {"solver": 0.5}, 7, None, 3, "x.0.7.1")
+    calls = (ToolCall("check", {"text": "a", "answer": 7}, False, None, 1),
+             ToolCall("run", {"code": "1/0"}, None, "ZeroDivisionError: division by zero", 1))
+    traj = Trajectory({"prompt": "ab=", "n": 3}, (turn,), {"solver": 0.5}, 7, None, 3, "x.0.7.1",
+                      calls, "CountA")
     assert trajectory_from_wire(msgpack.unpackb(msgpack.packb(trajectory_to_wire(traj)))) == traj
+    assert trajectory_from_wire(json.loads(json.dumps(trajectory_to_wire(traj)))) == traj
 
 
 def _batch(rows=3, width=5) -> Batch:

@@ -163,12 +163,13 @@ class Orchestrator:
         env = source.env
         ctx = EpisodeContext(env, source.wiring)
         try:
-            rewards = env.rewards_for(await env.episode(ctx, sample))
-            traj = Trajectory(sample, tuple(ctx.turns), rewards, group_id, None, admitted)
+            rewards, error = env.rewards_for(await env.episode(ctx, sample)), None
         except anyio.get_cancelled_exc_class():
             raise
         except Exception:
-            traj = Trajectory(sample, tuple(ctx.turns), {}, group_id, traceback.format_exc(), admitted)
+            rewards, error = {}, traceback.format_exc()
+        traj = Trajectory(sample, tuple(ctx.turns), rewards, group_id, error, admitted,
+                          tool_calls=tuple(ctx.tool_calls), env=env.name)
         self._count(traj, source)
         return traj
 
@@ -177,7 +178,11 @@ class Orchestrator:
         c.episodes += 1
         c.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
         first = next(iter(source.policies.values()))
-        self.recorder.add_episode(traj, first.version)
+        tokenizers = {p.name: p.tokenizer for p in source.policies.values()
+                      if p.tokenizer is not None}
+        # the environment travels with the recorded episode, so the debugger can re-score it
+        self.recorder.add_episode(traj, first.version, environment=source.env,
+                                  tokenizers=tokenizers)
         if traj.ok:
             self._consecutive_failures = 0
             for name in {turn.policy for turn in traj.turns}:

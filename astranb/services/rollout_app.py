@@ -306,7 +306,7 @@ class RolloutService:
             rewards, error = {}, traceback.format_exc()
             self.counters["failed"] += 1
         traj = Trajectory(item.sample, tuple(ctx.turns), rewards, item.group, error,
-                          item.started_version, item.id)
+                          item.started_version, item.id, tuple(ctx.tool_calls), env.name)
         lane.finish(item.id, trajectory_to_wire(traj))
         self.counters["finished"] += 1
 

@@ -23,7 +23,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..models import ModelSpec, tiny_parameters
-from ..types import Batch, Generation, SamplingParams, Trajectory, Turn
+from ..types import Batch, Generation, SamplingParams, ToolCall, Trajectory, Turn
 
 __all__ = [
     "JSON", "MSGPACK", "OCTETS",
@@ -93,6 +93,8 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
              "generation": generation_to_wire(turn.generation)}
             for turn in t.turns
         ],
+        "tool_calls": [dataclasses.asdict(call) for call in t.tool_calls],
+        "env": t.env,
     }
 
 
@@ -101,9 +103,15 @@ def trajectory_from_wire(d: Mapping[str, Any]) -> Trajectory:
         Turn(t["role"], t["policy"], generation_from_wire(t["generation"]), sampling_from_wire(t["sampling"]))
         for t in d["turns"]
     )
+    tool_calls = tuple(
+        ToolCall(str(c["name"]), dict(c.get("args") or {}), c.get("result"), c.get("error"),
+                 int(c.get("position", 0)))
+        for c in d.get("tool_calls") or ()
+    )
     return Trajectory(
         d["sample"], turns, {k: float(v) for k, v in d["rewards"].items()}, int(d["group"]),
-        d.get("error"), int(d.get("started_version", 0)), d.get("id", ""),
+        d.get("error"), int(d.get("started_version", 0)), d.get("id", ""), tool_calls,
+        str(d.get("env", "")),
     )
 
 

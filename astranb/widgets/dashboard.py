@@ -17,6 +17,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..dashboard import Throttle, _View
+from ..display import cell_number
 
 if TYPE_CHECKING:
     from ..run import Run
@@ -50,7 +51,7 @@ class LiveDashboard(_View):
             layout=widgets.Layout(width="100%"),
         )
         self.widget.add_class("astranb-dashboard")
-        self._shown = False
+        self._shown_in: int | None = -1
         self._finished = False
         self._throttle = Throttle(self._redraw, interval, self._failed, name="astranb-dashboard")
         self._unsubscribe = run.on_event(self._on_event)
@@ -119,8 +120,8 @@ class LiveDashboard(_View):
                 f"padding:4px 8px'>{html.escape(self.status())}</div>")
 
     def _ipython_display_(self) -> None:
-        if not self._shown:
-            self._shown = True
+        if self._shown_in != cell_number():  # run.dashboard() ending a cell: shown already
+            self._shown_in = cell_number()
             from IPython.display import display
 
             display(self.widget)

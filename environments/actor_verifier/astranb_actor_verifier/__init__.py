@@ -6,7 +6,8 @@ gets one retry. Two roles, meant for two policies that each learn their own job.
                                                   rest is a short reason the solver gets to read
     solver    "3+4=5?n big\\n3+4="    -> "7"       only after a reject (or a reply that is neither)
 
-Rewards, one per role (a policy trains on its own turns with its own role's reward):
+Rewards, one per role (a policy trains on its own turns with its own role's reward), with each
+answer judged by the arithmetic environment's `check` tool (`ctx.tool`, so the debugger shows it):
 
     solver   = 1 if its final answer is right (the retry's, when there was one), else 0
     verifier = 1 if its verdict matches the truth of the first answer ('y' for a right answer,
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from astranb import Environment, SamplingParams
-from astranb_arithmetic import Arithmetic, leading_integer
+from astranb_arithmetic import Arithmetic, check
 
 from .report import early_late, role_rewards
 
@@ -68,12 +69,13 @@ class ActorVerifier(Environment):
         reply = (await ctx.generate("verifier", verifier_prompt(problem, first),
                                     max_new_tokens=1 + self.reason_tokens)).text
         said = verdict(reply)
-        final = first
+        first_right = await ctx.tool("check", check, first, answer)
+        final_right = first_right
         if said != "y" and self.retry:
             final = (await ctx.generate("solver", retry_prompt(problem, first, reply))).text
-        truth = "y" if leading_integer(first) == answer else "n"
-        return {"solver": float(leading_integer(final) == answer),
-                "verifier": float(said == truth)}
+            final_right = await ctx.tool("check", check, final, answer)
+        truth = "y" if first_right else "n"
+        return {"solver": float(final_right), "verifier": float(said == truth)}
 
 
 def verdict(reply: str) -> str | None:

@@ -6,6 +6,9 @@ starts with exactly the answer's digits (followed by end of text or a non-digit)
 untrained model samples almost uniformly from ~60 characters, so its reward is about 0.02; a
 policy that guesses a random digit would get about 0.1. Learning it needs the answer to depend on
 both operands and the operator: real arithmetic, small enough to learn on a CPU in minutes.
+
+The answer is scored through a tool call (`ctx.tool("check", check, ...)`), so the episode
+debugger shows the check between the turn and the reward, and re-scores an edited answer with it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from astranb import Environment, SamplingParams
 
-__all__ = ["Arithmetic", "leading_integer"]
+__all__ = ["Arithmetic", "check", "leading_integer"]
 
 
 class Arithmetic(Environment):
@@ -55,7 +58,12 @@ class Arithmetic(Environment):
 
     async def episode(self, ctx, sample: Mapping[str, Any]) -> float:
         out = await ctx.generate("solver", sample["prompt"])
-        return 1.0 if leading_integer(out.text) == sample["answer"] else 0.0
+        return 1.0 if await ctx.tool("check", check, out.text, sample["answer"]) else 0.0
+
+
+def check(completion: str, answer: int) -> bool:
+    """Whether `completion` starts with exactly `answer`'s digits (see `leading_integer`)."""
+    return leading_integer(completion) == answer
 
 
 def leading_integer(text: str) -> int | None:
