@@ -197,7 +197,7 @@ def _layout(title: str) -> dict[str, Any]:
         "height": 330 * rows + 60,
         "margin": {"l": 40, "r": 10, "t": 70, "b": 40},
         "autosize": True,
-        "legend": {"orientation": "h", "y": 1.1, "x": 1, "xanchor": "right"},
+        "legend": {"orientation": "h", "y": 1.1, "x": 0, "xanchor": "left"},
         "barmode": "group",
         "annotations": [],
     }
