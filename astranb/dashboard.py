@@ -53,7 +53,7 @@ _RATE_WINDOW = 4
 
 # -- panels -------------------------------------------------------------------------------------
 def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_staleness: int,
-           title: str = "") -> dict[str, Any]:
+           title: str = "", max_points: int = 500) -> dict[str, Any]:
     """Every panel as one plotly figure dict (`{"data": [...], "layout": {...}}`).
 
     The traces are the same, in the same order, for any number of rows (empty lists before the
@@ -64,6 +64,8 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         policies: policy names, in legend order.
         max_staleness: the run's bound, drawn on the staleness panels.
         title: figure title (the status line).
+        max_points: longer series are thinned to every k-th point plus the last, so a redraw of
+            a long run stays small (run.metrics keeps every row).
     """
     traces: list[dict[str, Any]] = []
 
@@ -71,7 +73,8 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
             kind: str = "scatter", legend: bool = False) -> None:
         axis = _axis_suffix(panel)
         color = COLORS[policies.index(policy) % len(COLORS)] if policy in policies else "#7f7f7f"
-        trace = {"type": kind, "name": name, "x": list(x), "y": list(y),
+        x, y = _thin(list(x), list(y), max_points)
+        trace = {"type": kind, "name": name, "x": x, "y": y,
                  "xaxis": f"x{axis}", "yaxis": f"y{axis}", "showlegend": legend,
                  "legendgroup": policy or name, "marker": {"color": color}}
         if kind == "scatter":
@@ -216,6 +219,15 @@ def _layout(title: str) -> dict[str, Any]:
             "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 11},
         })
     return layout
+
+
+def _thin(x: list, y: list, max_points: int) -> tuple[list, list]:
+    """Every k-th point and the last one, with k chosen to keep at most max_points + 1."""
+    if len(x) <= max_points:
+        return x, y
+    stride = math.ceil(len(x) / max_points)
+    keep = list(range(0, len(x) - 1, stride)) + [len(x) - 1]
+    return [x[i] for i in keep], [y[i] for i in keep]
 
 
 def _col(rows: Sequence[Mapping[str, Any]], key: str) -> list:

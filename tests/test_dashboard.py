@@ -65,6 +65,19 @@ def test_figure_structure_is_stable_before_and_after_data():
     assert all(t["x"] == [] for t in empty["data"] if t["name"] not in ("bound", "a", "b"))
 
 
+def test_long_runs_are_thinned_to_a_bounded_size_keeping_the_last_step():
+    rows = [row("a", step, reward=step / 5000, time=1.0 + step * 0.1,
+                rollout_tokens=100 * (step + 1)) for step in range(5000)]
+    spec = figure(rows, ["a"], max_staleness=2, max_points=500)
+    assert max(len(t["x"]) for t in spec["data"]) <= 501
+    reward = traces(spec, "reward")["a"]
+    assert reward["x"][:3] == [0, 10, 20] and reward["x"][-1] == 4999
+    assert reward["y"][-1] == pytest.approx(4999 / 5000)
+    assert traces(spec, "throughput")["tokens/s"]["y"][-1] == pytest.approx(1000.0)
+    short = figure(rows[:400], ["a"], max_staleness=2, max_points=500)
+    assert traces(short, "reward")["a"]["x"] == list(range(400))  # nothing dropped when short
+
+
 def test_status_line_names_state_versions_and_error():
     rows = [row("a", 0), row("a", 1, reward=0.875, time=12.4)]
     line = status_line("running", rows, ["a", "b"], steps=5)
