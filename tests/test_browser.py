@@ -161,3 +161,44 @@ def test_quickstart_dashboard_in_jupyterlab(chromium, jupyterlab, tmp_path):
             raise
         finally:
             browser.close()
+
+
+def test_exported_episode_steps_in_a_browser_without_a_kernel(chromium, tmp_path):
+    """The debugger's HTML export opens from a file, makes no request, and steps with the
+    buttons and the arrow keys."""
+    import astranb as ab
+    from playwright.sync_api import sync_playwright
+    from tests.envs import ToolBetween
+    from tests.test_debugger import SAMPLE, scripted
+
+    dbg = ab.debug(ToolBetween(), SAMPLE, solver=scripted("p", "aab", "3"))
+    path = dbg.export_html(tmp_path / "episode.html")
+    kinds = [s.kind for s in dbg.steps]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu",
+                                          "--disable-background-networking"])
+        page = browser.new_page()
+        errors, requests = [], []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(path.as_uri())
+        current = page.locator(".astranb-step.current")
+
+        def shown() -> tuple[int, str]:
+            assert current.count() == 1, "exactly one step is shown at a time"
+            return int(current.get_attribute("data-step")), current.get_attribute("data-kind")
+
+        assert shown() == (0, kinds[0])
+        page.locator(".next").click()
+        assert shown() == (1, kinds[1])
+        page.keyboard.press("ArrowRight")
+        assert shown() == (2, kinds[2])
+        page.keyboard.press("ArrowLeft")
+        page.locator(".prev").click()
+        assert shown() == (0, kinds[0])
+        page.locator(".outline button").last.click()
+        assert shown() == (len(kinds) - 1, "reward")
+        browser.close()
+    assert not errors, errors
+    assert requests == [path.as_uri()], f"the page asked for more than itself: {requests}"
