@@ -46,6 +46,7 @@ bench: setup
 	$(BIN)/python bench/services.py
 	$(BIN)/python bench/multipolicy.py
 	$(BIN)/python bench/multipolicy_sim.py
+	$(BIN)/python bench/dashboard.py
 
 clean:
 	rm -rf $(VENV) results runs .pytest_cache
