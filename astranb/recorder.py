@@ -66,8 +66,8 @@ class Episode:
 
         In JupyterLab the debugger is a widget; under papermill/nbmake it is a self-contained
         HTML viewer saved in the notebook; outside a kernel its text is printed (see
-        `astranb.display`). Assign the result (`dbg = episode.show()`) to step with methods;
-        as a cell's last expression it would be displayed a second time.
+        `astranb.display`). Assign the result (`dbg = episode.show()`) to step with methods; as
+        a cell's last expression it is not shown a second time.
         """
         debugger = self.debugger()
         debugger.display()

@@ -59,6 +59,9 @@ class Source:
             raise ValueError(f"{env.name}: sampling weight must be > 0, got {weight!r}")
         self.env, self.wiring, self.weight = env, dict(wiring), float(weight)
         self.policies = {p.name: p for p in self.wiring.values()}
+        self.tokenizers = {p.name: p.tokenizer for p in self.policies.values()
+                           if p.tokenizer is not None}
+        """Policy name -> tokenizer, handed to every recorded episode (the debugger's tokens)."""
         self.samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
 
 
@@ -178,11 +181,9 @@ class Orchestrator:
         c.episodes += 1
         c.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
         first = next(iter(source.policies.values()))
-        tokenizers = {p.name: p.tokenizer for p in source.policies.values()
-                      if p.tokenizer is not None}
         # the environment travels with the recorded episode, so the debugger can re-score it
         self.recorder.add_episode(traj, first.version, environment=source.env,
-                                  tokenizers=tokenizers)
+                                  tokenizers=source.tokenizers)
         if traj.ok:
             self._consecutive_failures = 0
             for name in {turn.policy for turn in traj.turns}:
