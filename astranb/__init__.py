@@ -8,22 +8,31 @@
     run = session.train(steps=200, batch_size=64, group_size=8, max_staleness=4)
     await run            # or run.wait() in scripts and papermill
     run.metrics          # one row per (policy, step)
+
+This module is the only import users need. The layers below it (see docs/architecture.md) run
+downward: plain data and contracts, the pure parts, the HTTP client side, the session, then the
+service apps and the notebook UI (`astranb.notebook`, loaded only when something is shown).
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from . import environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
-from .debugger import EpisodeDebugger, debug
-from .environment import Environment, EpisodeContext
+from .contracts import Engine, Publisher, Trainer
+from .dataflow.config import RunConfig
+from .environments import Environment, EpisodeContext, play_episode
+from .errors import (AstranbError, EpisodesKeepFailing, ReplayError, ServiceError,
+                     ServiceUnavailable, TrainerRolledBack)
 from .policy import Policy
 from .recorder import Episode
-from .run import Run, RunConfig
+from .run import Run
 from .session import Session
-from .training.local import AdamW, LocalTrainer
+from .training.local import AdamW, AdamWConfig, LocalTrainer
 from .types import (Generation, GenerationRequest, SamplingParams, ToolCall, Trajectory, Turn,
                     WeightUpdate)
-
-Trainer = LocalTrainer
-"""The trainer contract's in-process implementation (step, weights, save, load)."""
+from .weights import WeightTransferError
 
 __version__ = "0.1.0"
 
@@ -32,7 +41,10 @@ __all__ = [
     "Policy",
     "Environment",
     "EpisodeContext",
+    "play_episode",
     "Trainer",
+    "Engine",
+    "Publisher",
     "LocalTrainer",
     "Run",
     "RunConfig",
@@ -42,6 +54,7 @@ __all__ = [
     "GRPO",
     "M2PO",
     "Algorithm",
+    "AdamWConfig",
     "AdamW",
     "SamplingParams",
     "GenerationRequest",
@@ -50,8 +63,27 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "WeightUpdate",
+    "AstranbError",
+    "EpisodesKeepFailing",
+    "ReplayError",
+    "ServiceError",
+    "ServiceUnavailable",
+    "TrainerRolledBack",
+    "WeightTransferError",
     "models",
     "environments",
     "weights",
     "__version__",
 ]
+
+# The step-through debugger lives in the notebook UI package; it is imported on first use so
+# that `import astranb` never loads display code.
+_LAZY = {"debug": "astranb.notebook.debugger", "EpisodeDebugger": "astranb.notebook.debugger"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'astranb' has no attribute {name!r}")

@@ -20,7 +20,6 @@ on it, `astranb.viewer` renders it as HTML.
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +29,12 @@ from anyio.from_thread import start_blocking_portal
 
 from . import environments, viewer
 from .display import cell_number, display_mode, in_kernel, publish
-from .environment import Environment, EpisodeContext
+from .environments.base import Environment
+from .environments.play import play_episode
 from .policy import Policy
 from .recorder import Episode
 from .replay import replay
-from .types import Trajectory, jsonable
+from .types import jsonable
 
 __all__ = ["EpisodeDebugger", "Step", "debug"]
 
@@ -273,7 +273,9 @@ class EpisodeDebugger:
     def step_html(self, index: int | None = None) -> str:
         """HTML of one step (default: the current one), for a widget pane."""
         step = self._steps[self._position if index is None else index]
-        return viewer.STYLE + viewer.step_section(step, len(self._steps), current=True)
+        # inside an .astranb-dbg root: every rule of viewer.STYLE is scoped to one
+        return (viewer.STYLE + '<div class="astranb-dbg">'
+                + viewer.step_section(step, len(self._steps), current=True) + "</div>")
 
     def display(self) -> None:
         """Show the debugger in the current cell: a widget in JupyterLab, the HTML viewer
@@ -372,14 +374,8 @@ def _check_roles(env: Environment, policies: Mapping[str, Any]) -> None:
 
 async def _play(env: Environment, sample: dict[str, Any],
                 policies: Mapping[str, Policy]) -> Episode:
-    ctx = EpisodeContext(env, policies)
-    try:
-        rewards, error = env.rewards_for(await env.episode(ctx, sample)), None
-    except Exception:
-        rewards, error = {}, traceback.format_exc()
     # index and group -1: a fresh episode, not one of a run's
-    traj = Trajectory(sample, tuple(ctx.turns), rewards, -1, error,
-                      tool_calls=tuple(ctx.tool_calls), env=env.name)
+    traj = await play_episode(env, policies, sample)
     version = min((p.version for p in policies.values()), default=0)
     return Episode.from_trajectory(traj, -1, version, environment=env,
                                    tokenizers={p.name: p.tokenizer for p in policies.values()})

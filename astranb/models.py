@@ -69,6 +69,12 @@ class ModelSpec:
         return directory
 
 
+def dtype_for(device: str | torch.device) -> torch.dtype:
+    """The dtype engines and trainers run in on `device`: float32 on CPU (bf16 matmuls are slow
+    there and the tiny models are small), bf16 on accelerators."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
 def tiny(
     hidden_size: int = 64,
     num_layers: int = 2,

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .types import Trajectory, Turn
+from .types import Trajectory, Turn, jsonable
 
 if TYPE_CHECKING:
     from .debugger import EpisodeDebugger
-    from .environment import Environment
+    from .environments.base import Environment
     from .policy import Policy
 
 __all__ = ["Episode", "Recorder", "turn_record"]
@@ -104,7 +104,7 @@ class Episode:
         return {
             "index": self.index,
             "group": self.group,
-            "sample": _jsonable(self.sample),
+            "sample": jsonable(self.sample),
             "turns": list(self.turns),
             "rewards": dict(self.rewards),
             "error": self.error,
@@ -206,7 +206,7 @@ class Recorder:
         row = dict(row)
         with self._lock:
             self._rows.append(row)
-            self._metrics_file.write(json.dumps(_jsonable(row)) + "\n")
+            self._metrics_file.write(json.dumps(jsonable(row), allow_nan=False) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
 
@@ -216,7 +216,7 @@ class Recorder:
         with self._lock:
             self._events.append(event)
             with open(self._events_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(_jsonable(event)) + "\n")
+                f.write(json.dumps(jsonable(event), allow_nan=False) + "\n")
         self._emit(kind, event)
 
     @property
@@ -241,7 +241,7 @@ class Recorder:
                                               environment=environment, tokenizers=tokenizers,
                                               decode=self._decode)
             self._episodes.append(episode)
-            self._episodes_file.write(json.dumps(episode.to_json()) + "\n")
+            self._episodes_file.write(json.dumps(jsonable(episode.to_json()), allow_nan=False) + "\n")
         self._emit("episode", episode)
         return episode
 
@@ -282,12 +282,3 @@ class Recorder:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)

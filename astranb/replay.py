@@ -16,12 +16,13 @@ whatever the environment makes of the edited completions.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .environment import Environment, EpisodeContext
+from .environments.base import Environment, EpisodeContext
+from .environments.play import play_episode
+from .errors import ReplayError
 from .types import Generation, SamplingParams, Turn
 
 if TYPE_CHECKING:
@@ -30,9 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ReplayContext", "Replayed", "ReplayError", "replay", "encode"]
 
-
-class ReplayError(RuntimeError):
-    """The environment asked for something the recording cannot answer (and no policy can)."""
 
 
 @dataclass(frozen=True)
@@ -164,16 +162,11 @@ async def replay(env: Environment, episode: Episode, edits: Mapping[int, str],
         ReplayError: the episode needs a turn the recording lacks and no policy can sample it.
     """
     ctx = ReplayContext(env, wiring or {}, episode.turns, edits, episode.tokenizers)
-    error = None
-    try:
-        rewards = env.rewards_for(await env.episode(ctx, dict(episode.sample)))
-    except ReplayError:
-        raise
-    except Exception:
-        rewards, error = {}, traceback.format_exc()
+    traj = await play_episode(env, ctx._wiring, dict(episode.sample), context=ctx,
+                              reraise=(ReplayError,))
     calls = tuple({"name": c.name, "args": dict(c.args), "result": c.result, "error": c.error,
-                   "position": c.position} for c in ctx.tool_calls)
-    return Replayed(tuple(ctx.records), calls, rewards, error)
+                   "position": c.position} for c in traj.tool_calls)
+    return Replayed(tuple(ctx.records), calls, dict(traj.rewards), traj.error)
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

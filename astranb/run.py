@@ -14,68 +14,16 @@ import html
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .dataflow.config import RunConfig
 from .recorder import Episode, Recorder
 
 if TYPE_CHECKING:
     import pandas
 
 __all__ = ["Run", "RunConfig"]
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What `session.train` was asked for, validated."""
-
-    steps: int
-    """Train steps per policy."""
-    batch_size: int
-    """Episodes per train step (a multiple of group_size)."""
-    group_size: int
-    """Episodes per sample; advantages are normalised within a group."""
-    max_staleness: int
-    """Largest allowed `trainer version - oldest token version` of a trained sample."""
-    order: str = "edf"
-    """Buffer order: "edf" (oldest tokens first) or "fifo"."""
-    seed: int = 0
-    """Seed of the sample stream."""
-    mode: str = "independent"
-    """"independent": each policy steps when its batch is ready; "barrier": versions advance
-    together (no policy starts step v+1 before every policy has published v+1)."""
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "group_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.group_size < 2:
-            raise ValueError(
-                f"group_size={self.group_size}: group-relative advantages need at least 2 "
-                "episodes per sample; use group_size >= 2 (8 is a good default)"
-            )
-        if self.batch_size % self.group_size:
-            lower = self.batch_size - self.batch_size % self.group_size
-            raise ValueError(
-                f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
-                f"use batch_size={max(lower, self.group_size)} or "
-                f"{lower + self.group_size}"
-            )
-        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
-            raise ValueError(
-                f"max_staleness must be an integer >= 0, got {self.max_staleness!r}: 0 trains "
-                "synchronously on fresh samples only, >= 1 lets rollouts run ahead of training"
-            )
-        if self.order not in ("edf", "fifo"):
-            raise ValueError(f"order must be 'edf' or 'fifo', got {self.order!r}")
-        if self.mode not in ("independent", "barrier"):
-            raise ValueError(f"mode must be 'independent' or 'barrier', got {self.mode!r}")
-
-    @property
-    def groups_per_batch(self) -> int:
-        return self.batch_size // self.group_size
 
 
 class Run:
@@ -110,8 +58,10 @@ class Run:
             return "stopped"
         return "failed" if self._future.exception() else "finished"
 
-    def done(self) -> bool:
-        return self._future.done()
+    @property
+    def done(self) -> _Flag:
+        """Whether the run has ended (finished, stopped or failed)."""
+        return _Flag(self._future.done())
 
     @property
     def error(self) -> BaseException | None:
@@ -209,7 +159,7 @@ class Run:
             from IPython.display import display
 
             display(view)  # shown once; a cell ending in run.dashboard() shows nothing more
-        if self.done():
+        if self.done:
             self._finish_views()
         return view
 
@@ -339,3 +289,33 @@ class _Progress:
             self.update()
             self.bar.close()
 
+
+
+class _Flag:
+    """A bool that can still be called: `run.done` became a property like `run.status`, and
+    code written for the old method (`run.done()`) keeps working for one release, with a
+    DeprecationWarning."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: bool):
+        self._value = bool(value)
+
+    def __bool__(self) -> bool:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return self._value == other
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return repr(self._value)
+
+    def __call__(self) -> bool:
+        import warnings
+
+        warnings.warn("run.done is a property now (like run.status): write `run.done`, "
+                      "not `run.done()`", DeprecationWarning, stacklevel=2)
+        return self._value

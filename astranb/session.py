@@ -32,23 +32,22 @@ from anyio.from_thread import start_blocking_portal
 from . import environments
 from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
-from .dataflow.buffer import Buffer
-from .dataflow.barrier import VersionBarrier
-from .dataflow.orchestrator import Orchestrator, Source
-from .dataflow.staleness import StalenessGate
+from .dataflow.config import RunConfig
+from .dataflow.flow import Dataflow
+from .dataflow.orchestrator import Source
 from .engines import HFEngine
-from .environment import Environment, EpisodeContext
-from .models import ModelSpec, resolve
+from .environments.base import Environment
+from .environments.play import play_episode
+from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
 from .recorder import Recorder
-from .run import Run, RunConfig
-from .services.client import TrainerClient
-from .services.pool import RolloutPool
-from .services.remote_trainer import RemoteTrainer
-from .services.wire import spec_to_wire
-from .training.local import AdamW, LocalTrainer
-from .training.loop import TrainLoop
-from .types import WeightUpdate
+from .remote.client import TrainerClient
+from .remote.pool import RolloutPool, ServicesPublisher
+from .remote.serialize import spec_to_wire
+from .remote.trainer import RemoteTrainer
+from .run import Run
+from .training.local import AdamWConfig, LocalTrainer
+from .weights.publish import EnginePublisher, StatePublisher
 from .weights.store import WeightStore
 from .wiring import Wiring
 
@@ -116,7 +115,7 @@ class Session:
         *,
         engine: str = "hf",
         algorithm: Algorithm | None = None,
-        optimizer: AdamW | None = None,
+        optimizer: AdamWConfig | None = None,
         max_batch_size: int = 64,
         seed: int = 0,
         weight_transfer: str = "delta",
@@ -129,61 +128,63 @@ class Session:
             model: `models.tiny(...)`, `models.local(path)` or a local model directory.
             engine: rollout engine; "hf" (torch continuous batching) in this process.
             algorithm: GRPO() (default) or M2PO(...).
-            optimizer: AdamW(...) settings.
+            optimizer: AdamWConfig(...) settings.
             max_batch_size: most sequences the engine decodes at once.
             seed: sampling seed of the engine.
             weight_transfer: "delta" publishes bf16 weights through a versioned store as sparse
                 bit-exact deltas (full snapshots every `full_every` versions and whenever a delta
-                cannot apply); "state" copies the trainer's full-precision tensors directly.
+                cannot apply); "state" copies the trainer's full-precision tensors directly
+                (engines in this process only: rollout services always get payloads).
             full_every: versions between forced full snapshots ("delta" only; 0: never forced).
         """
         if name in self.policies:
             raise ValueError(f"a policy named {name!r} exists already; pick another name")
+        if weight_transfer not in ("delta", "state"):
+            raise ValueError(f"weight_transfer must be 'delta' or 'state', got {weight_transfer!r}")
+        spec, algorithm, optimizer = resolve(model), algorithm or GRPO(), optimizer or AdamWConfig()
         if self._pool is not None:
-            return self._remote_policy(name, resolve(model), engine, algorithm or GRPO(),
-                                       optimizer or AdamW(), max_batch_size, seed, full_every)
+            if weight_transfer != "delta":
+                raise ValueError(
+                    f"weight_transfer={weight_transfer!r} only applies to an engine in this "
+                    "process; rollout services always receive versioned bf16 payloads (deltas "
+                    "when they can). Leave weight_transfer out for a remote policy")
+            return self._remote_policy(name, spec, engine, algorithm, optimizer, max_batch_size,
+                                       seed, full_every)
         if engine not in ENGINES:
             raise ValueError(
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
                 "(SGLang engines are served by `astranb serve rollout` on a GPU host)"
             )
-        if weight_transfer not in ("delta", "state"):
-            raise ValueError(f"weight_transfer must be 'delta' or 'state', got {weight_transfer!r}")
-        spec = resolve(model)
-        algorithm = algorithm or GRPO()
-        optimizer = optimizer or AdamW()
-        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        dtype = dtype_for(self.device)
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
-        trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
         self._stack.callback(eng.close)
-        store = WeightStore(name, full_every=full_every) if weight_transfer == "delta" else None
-        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, eng.tokenizer, store,
+        trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
+        publisher = (EnginePublisher(eng, WeightStore(name, full_every=full_every))
+                     if weight_transfer == "delta" else StatePublisher(eng))
+        publisher.publish_initial(name, trainer)
+        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
                         max_batch_size=max_batch_size, seed=seed)
-        if store is not None:
-            # version 0 goes out as a full snapshot, so the engine samples from exactly the
-            # published (bf16) weights from the first token on
-            store.publish(trainer.version, trainer.weights())
-            eng.update_weights(WeightUpdate(name, trainer.version, payload=store.pull_full())).result()
         self.policies[name] = policy
         return policy
 
     def _remote_policy(self, name, spec, engine, algorithm, optimizer, max_batch_size, seed,
                        full_every) -> Policy:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
+        trainer: RemoteTrainer | LocalTrainer
         if self._trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec), "algorithm": algorithm_to_dict(algorithm),
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
             trainer = RemoteTrainer(self._trainer, body)
             self._loop().call(trainer.create)
-            store = None
+            publisher = ServicesPublisher(self._pool, trainer=trainer)
         else:
-            dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
-            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
-            store = WeightStore(name, full_every=full_every)
-            store.publish(trainer.version, trainer.weights())
-        policy = Policy(name, spec, algorithm, optimizer, None, trainer, spec.tokenizer(), store,
-                        pool=self._pool, max_batch_size=max_batch_size, seed=seed)
+            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
+                                   dtype=dtype_for(self.device))
+            publisher = ServicesPublisher(self._pool, WeightStore(name, full_every=full_every))
+        publisher.publish_initial(name, trainer)
+        policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher, spec.tokenizer(),
+                        max_batch_size=max_batch_size, seed=seed)
         self.policies[name] = policy
         try:
             self._loop().call(self._pool.prepare)  # every service builds its engine now
@@ -285,11 +286,11 @@ class Session:
             {name: _decoder(p) for name, p in policies.items()},
         )
         scope_box: list[anyio.CancelScope] = []
-        books: dict[str, int] = {}  # filled when the run ends; live numbers until then
+        final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
         future = self._loop().start_task_soon(self._run_main, config, wired, recorder,
-                                              scope_box, books)
+                                              scope_box, final)
         run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted(policies),
-                  lambda: dict(books) or self._loop().call(self._accounting))
+                  lambda: dict(final) or self._loop().call(self._accounting))
         self._runs.append(run)
         return run
 
@@ -312,16 +313,37 @@ class Session:
         return list(self._runs)
 
     def close(self) -> None:
-        """Stop running runs, close engines, service clients and the background loop."""
-        for run in self._runs:
-            run.stop()
-        if self._portal is not None:
-            if self._pool is not None:
-                self._portal.call(self._pool.close)
-            if self._trainer is not None:
-                self._portal.call(self._trainer.close)
-        self._stack.close()
-        self._portal = None
+        """Stop running runs, close engines, service clients and the background loop.
+
+        Idempotent. A script that ends without it gets it called at interpreter exit."""
+        import time
+
+        from ._loopthread import untrack
+
+        untrack(self)
+        try:
+            for run in self._runs:
+                run.stop()
+            if self._portal is not None:
+                # A run whose task had not started yet when stop() came had no cancel scope to
+                # cancel (train() then exit at once): stop it again until it has ended, so the
+                # portal's exit does not wait for it to train to the end.
+                while pending := [run for run in self._runs if run.status == "running"]:
+                    time.sleep(0.02)
+                    for run in pending:
+                        run.stop()
+                if self._pool is not None:
+                    self._portal.call(self._pool.close)
+                if self._trainer is not None:
+                    self._portal.call(self._trainer.close)
+        finally:
+            if self._portal is not None:
+                try:
+                    self._portal.call(self._portal.stop, True)  # cancel any other task left
+                except RuntimeError:
+                    pass  # the loop has ended already
+            self._stack.close()
+            self._portal = None
 
     def __enter__(self) -> Session:
         return self
@@ -351,6 +373,14 @@ class Session:
 
     # -- internals -------------------------------------------------------------------------------
     def wiring_problems(self) -> list[str]:
+        """Deprecated: use `session.wiring.problems()` (one place for wiring problems)."""
+        import warnings
+
+        warnings.warn("session.wiring_problems() is deprecated; use session.wiring.problems()",
+                      DeprecationWarning, stacklevel=2)
+        return self._blocking_problems()
+
+    def _blocking_problems(self) -> list[str]:
         """What stops a run from starting, each with its fix (empty: ready to train)."""
         if not self._wiring:
             return ["nothing is wired; call session.wire(env, role=policy) first"]
@@ -369,10 +399,10 @@ class Session:
         return problems
 
     def _check_ready(self) -> list[tuple[Environment, dict[str, Policy], float]]:
-        problems = self.wiring_problems()
+        problems = self._blocking_problems()
         if problems:
             raise ValueError("; ".join(problems))
-        running = [r for r in self._runs if not r.done()]
+        running = [r for r in self._runs if not r.done]
         if running:
             raise RuntimeError("a run is still going; await it or call run.stop() first")
         return list(self._wiring)
@@ -385,52 +415,31 @@ class Session:
 
     def _loop(self):
         if self._portal is None:
+            from ._loopthread import track
+
             self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))
+            # a script that ends without close() must not hang at exit: the loop is stopped
+            # during threading shutdown, before threads are joined (see _loopthread)
+            track(self)
         return self._portal
 
     def _cancel(self, scope_box: list[anyio.CancelScope]) -> None:
         if scope_box and self._portal is not None:
             self._portal.call(scope_box[0].cancel)
 
-    async def _run_main(self, config, wired, recorder: Recorder, scope_box, books) -> None:
+    async def _run_main(self, config, wired, recorder: Recorder, scope_box, final) -> None:
         sources = [Source(env, wiring, weight, config.seed) for env, wiring, weight in wired]
-        policies = {n: p for src in sources for n, p in src.policies.items()}
-        gate = StalenessGate(policies, config.groups_per_batch, config.max_staleness)
-        buffers = {name: Buffer(name, config.order) for name in policies}
-        orchestrator = Orchestrator(sources, buffers, gate, recorder,
-                                    group_size=config.group_size, seed=config.seed,
-                                    max_consecutive_failures=max(64, 2 * config.batch_size),
-                                    pool=self._pool)
-        if self._pool is not None:
-            self._pool.new_books()
-            for src in sources:
-                self._pool.wire_env(src.env, src.wiring)
-        started = anyio.current_time()
-        barrier = VersionBarrier(policies) if config.mode == "barrier" else None
-        loops = [
-            TrainLoop(p, buffers[n], gate, recorder, orchestrator.counters,
-                      p.version + config.steps, config.groups_per_batch,
-                      config.max_staleness, started, pool=self._pool, barrier=barrier)
-            for n, p in policies.items()
-        ]
-        self._loops = loops  # read by _accounting
+        self._flow = Dataflow(sources, config, recorder, remote=self._pool)  # read by _accounting
         try:
             with anyio.CancelScope() as scope:
                 scope_box.append(scope)
-                async with anyio.create_task_group() as tg:
-                    if self._pool is not None:
-                        tg.start_soon(self._pool.run)
-                    tg.start_soon(orchestrator.run, gate.capacity)
-                    async with anyio.create_task_group() as trainers:
-                        for loop in loops:
-                            trainers.start_soon(loop.run)
-                    tg.cancel_scope.cancel()  # all policies trained: stop the rollouts
+                await self._flow.run()
         except BaseExceptionGroup as group:
             failure = _root_cause(group)
         else:
             failure = None
         finally:
-            books.update(self._accounting())
+            final.update(self._accounting())
             recorder.close()
         if failure is not None:
             # Raised here, outside the except block, so its __context__ is not the task group's
@@ -440,10 +449,10 @@ class Session:
             raise failure
 
     def _accounting(self) -> dict[str, int]:
-        """The current run's episode books (called on the loop)."""
-        trained_twice = sum(loop.trained_twice for loop in getattr(self, "_loops", []))
-        books = self._pool.accounting() if self._pool is not None else {}
-        return {**books, "trained_twice": trained_twice}
+        """The current run's episode accounting (called on the loop)."""
+        flow = getattr(self, "_flow", None)
+        counts = self._pool.accounting() if self._pool is not None else {}
+        return {**counts, "trained_twice": flow.trained_twice if flow is not None else 0}
 
     async def _evaluate(self, env, wiring, n: int, seed: int) -> dict[str, float]:
         if self._pool is not None:
@@ -453,13 +462,11 @@ class Session:
         errors: list[str] = []
 
         async def one(sample: Mapping[str, Any]) -> None:
-            ctx = EpisodeContext(env, wiring)
-            try:
-                rewards = env.rewards_for(await env.episode(ctx, sample))
-            except Exception:
-                errors.append(traceback.format_exc())
+            traj = await play_episode(env, wiring, sample)
+            if not traj.ok:
+                errors.append(traj.error)
                 return
-            for role, value in rewards.items():
+            for role, value in traj.rewards.items():
                 totals[role].append(value)
 
         async with anyio.create_task_group() as tg:
@@ -472,11 +479,9 @@ class Session:
             result["failed_episodes"] = float(len(errors))
         return result
 
-
     async def _evaluate_remote(self, env, wiring, n: int, seed: int) -> dict[str, float]:
         samples = iter(env.samples(seed))
-        self._pool.new_books()
-        self._pool.wire_env(env, wiring)
+        self._pool.start_run([Source(env, wiring)])
         batch = [(f"{self._pool.tag}.eval.{i}", dict(next(samples)), -1, 0) for i in range(n)]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._pool.run)

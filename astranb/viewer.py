@@ -38,7 +38,8 @@ STYLE = """<style>
   margin: 6px 0}
 .astranb-dbg .head {font-weight: 600; margin-bottom: 4px}
 .astranb-dbg .badge {font-weight: normal; font-size: 11px; border-radius: 3px; padding: 0 4px;
-  margin-left: 6px; background: #eee; color: #444}
+  background: #eee; color: #444}
+.astranb-dbg .sep {font-weight: normal; color: #999}
 .astranb-dbg .badge.edited {background: #fde68a}
 .astranb-dbg .badge.replayed {background: #dbeafe}
 .astranb-dbg .label {color: #666; font-size: 11px; margin-top: 4px}
@@ -180,9 +181,15 @@ def _badges(step: Step) -> str:
         return ""
     versions = sorted({v for v in step.versions if v is not None})
     origin = step.origin or "sampled"
-    return (f'<span class="badge">{_e(step.role)} → {_e(step.policy)}</span>'
-            f'<span class="badge {_e(origin)}">{_e(origin)}</span>'
-            f'<span class="badge">versions {_e(versions) if versions else "unknown"}</span>')
+    badges = (f'<span class="badge">role {_e(step.role)} → policy {_e(step.policy)}</span>',
+              f'<span class="badge {_e(origin)}">{_e(origin)}</span>',
+              f'<span class="badge">versions {_e(versions) if versions else "unknown"}</span>')
+    # real text between the badges, not only CSS margins: the header must read as words in
+    # any text rendering (textContent, copy and paste, a pane the stylesheet does not reach)
+    return "".join(_SEP + badge for badge in badges)
+
+
+_SEP = '<span class="sep"> · </span>'
 
 
 def _chip(step: Step) -> str:

@@ -23,7 +23,7 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .environment import Environment
+from .environments.base import Environment
 from .policy import Policy
 
 if TYPE_CHECKING:
@@ -126,17 +126,17 @@ class Wiring:
             views.append(EnvironmentView(env, label, weight, edges))
         return views
 
-    def problems(self) -> list[str]:
+    def problems(self, warnings: bool = True) -> list[str]:
         """What stops a run (or will surprise you), each naming the call that fixes it.
 
-        The session's own checks (`session.wiring_problems()`) come first; then environments
-        mixing local and remote policies, and, prefixed "warning: ", policies no run trains.
-        Empty: ready to train.
+        Unwired roles and policies no longer in the session come first; then environments
+        mixing local and remote policies, and, prefixed "warning: ", policies no run trains
+        (left out with `warnings=False`). Empty: ready to train.
         """
-        problems = list(self._session.wiring_problems())
+        problems = list(self._session._blocking_problems())
         for env, roles, _ in self._session._wiring:
             problems.extend(_mixed_locality(env, roles))
-        if self._session._wiring:
+        if self._session._wiring and warnings:
             problems.extend(self._unused())
         return problems
 
@@ -243,7 +243,7 @@ def problems_html(problems: list[str]) -> str:
 
 
 def _policy_view(policy: Policy) -> PolicyView:
-    if policy.pool is not None:
+    if policy.remote:
         engine = "remote"
     else:  # HFEngine -> "hf", InstantEngine -> "instant"
         engine = type(policy.engine).__name__.removesuffix("Engine").lower() or "local"
@@ -253,12 +253,12 @@ def _policy_view(policy: Policy) -> PolicyView:
 def _mixed_locality(env: Environment, roles: dict[str, Policy]) -> list[str]:
     """One episode cannot mix engines in this process with rollout services."""
     ordered = [(r, roles[r]) for r in env.roles if r in roles]
-    if len({p.pool is None for _, p in ordered}) < 2:
+    if len({not p.remote for _, p in ordered}) < 2:
         return []
-    keep = ordered[0][1].pool is None  # the kind of the first role's policy stays
-    keep_name = next(p.name for _, p in ordered if (p.pool is None) == keep)
-    wrong = [r for r, p in ordered if (p.pool is None) != keep]
-    listing = ", ".join(f"{r} -> {p.name!r} ({'local' if p.pool is None else 'remote'})"
+    keep = not ordered[0][1].remote  # the kind of the first role's policy stays
+    keep_name = next(p.name for _, p in ordered if (not p.remote) == keep)
+    wrong = [r for r, p in ordered if (not p.remote) != keep]
+    listing = ", ".join(f"{r} -> {p.name!r} ({'local' if not p.remote else 'remote'})"
                         for r, p in ordered)
     fix = ", ".join(f"{r}=session.policies[{keep_name!r}]" for r in wrong)
     return [f"{env.name} mixes local and remote policies ({listing}); one episode cannot use "

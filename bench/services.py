@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import astranb as ab  # noqa: E402
 from astranb.engines.instant import InstantEngine  # noqa: E402
-from astranb.environment import EpisodeContext  # noqa: E402
-from astranb.services.client import TrainerClient  # noqa: E402
+from astranb.environments.base import EpisodeContext  # noqa: E402
+from astranb.remote.client import TrainerClient  # noqa: E402
 from astranb.services.http import free_port  # noqa: E402
 from astranb.weights import codec  # noqa: E402
 

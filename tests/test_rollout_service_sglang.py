@@ -15,8 +15,8 @@ import uvicorn
 
 from astranb import models, weights
 from astranb.services import rollout_app
-from astranb.services.client import RolloutClient, ServiceError
-from astranb.services.wire import spec_to_wire
+from astranb.remote.client import RolloutClient, ServiceError
+from astranb.remote.serialize import spec_to_wire
 from astranb.weights.codec import encode_full
 from tests.fake_sglang import FakeSGLang, expected
 

@@ -14,10 +14,10 @@ import torch
 import astranb as ab
 from astranb import cli
 from astranb.services import rollout_app, trainer_app
-from astranb.services.client import RolloutClient, ServiceError, TrainerClient
+from astranb.remote.client import RolloutClient, ServiceError, TrainerClient
 from astranb.services.http import InsecureBind, ServiceConfig
-from astranb.services.pool import RolloutPool
-from astranb.services.wire import (
+from astranb.remote.pool import RolloutPool
+from astranb.remote.serialize import (
     batch_from_bytes, batch_to_bytes, spec_to_wire, trajectory_from_wire, trajectory_to_wire,
 )
 from astranb.types import Batch, Generation, SamplingParams, ToolCall, Trajectory, Turn

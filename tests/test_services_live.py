@@ -65,8 +65,8 @@ def test_kill_9_a_rollout_service_then_restart_it(tmp_path):
             r0.kill()  # SIGKILL: in-flight episodes on r0 are gone
             _wait_for(lambda: session.rollout_services[r0.url] == "dead", 30, "r0 declared dead")
             r0.start()  # same port, new instance: it must catch up before it gets work
-            _wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done(), 120, "rejoin")
-            assert not run.done(), "the run ended before r0 came back; lengthen it"
+            _wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done, 120, "rejoin")
+            assert not run.done, "the run ended before r0 came back; lengthen it"
             run.wait(progress=False)
             books = run.accounting
             assert books["lost"] == 0 and books["trained_twice"] == 0

@@ -159,7 +159,7 @@ def test_await_run_from_an_event_loop(tmp_path):
 
 def test_engine_weights_are_bit_identical_to_published_weights_at_every_version(tmp_path):
     session, policy = make_session(tmp_path)
-    policy.verify_weights = True  # the engine recomputes its checksum from its own model
+    policy.publisher.verify = True  # the engine recomputes its checksum from its own model
     with session:
         run = session.train(steps=12, batch_size=8, group_size=4).wait(progress=False)
         df = run.metrics
@@ -176,8 +176,8 @@ def test_engine_weights_are_bit_identical_to_published_weights_at_every_version(
 
 def test_a_delta_that_cannot_apply_is_healed_by_a_full_snapshot(tmp_path):
     session, policy = make_session(tmp_path)
-    policy.verify_weights = True
-    pull = policy.store.pull
+    policy.publisher.verify = True
+    pull = policy.publisher.store.pull
     flipped = []
 
     def corrupt_once(*args):
@@ -187,7 +187,7 @@ def test_a_delta_that_cannot_apply_is_healed_by_a_full_snapshot(tmp_path):
             payload = payload[:100] + bytes([payload[100] ^ 1]) + payload[101:]
         return payload
 
-    policy.store.pull = corrupt_once
+    policy.publisher.store.pull = corrupt_once
     with session:
         run = session.train(steps=3, batch_size=8, group_size=4).wait(progress=False)
     df = run.metrics

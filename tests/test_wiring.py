@@ -92,7 +92,7 @@ def test_unwired_role_names_the_fix(session):
 def test_unused_policy_is_a_warning_with_the_fix(session):
     solver, _ = policies(session)
     session.wire(CountA(), solver=solver)
-    assert session.wiring_problems() == []  # a run could start
+    assert session.wiring.problems(warnings=False) == []  # a run could start
     (warning,) = session.wiring.problems()
     assert warning.startswith("warning: policy 'verifier' is not wired to any environment")
     assert "session.wire(env, solver=session.policies['verifier'])" in warning
@@ -112,12 +112,12 @@ def test_cleared_wiring(session):
 def test_mixing_local_and_remote_policies_is_a_problem(session):
     solver, verifier = policies(session)
     session.wire(TwoRoles(), solver=solver, verifier=verifier)
-    verifier.pool = object()  # stands for rollout services sampling for it
+    engine, verifier.engine = verifier.engine, None  # as if rollout services sampled for it
     try:
         (problem,) = session.wiring.problems()
         assert "verifier -> policy 'verifier' (tiny-qwen3-32x2, remote)" in session.wiring.text()
     finally:
-        verifier.pool = None
+        verifier.engine = engine
     assert problem.startswith("TwoRoles mixes local and remote policies (solver -> 'solver' "
                               "(local), verifier -> 'verifier' (remote))")
     assert problem.endswith("session.wire(env, verifier=session.policies['solver'])")
@@ -175,7 +175,7 @@ def test_widget_rewires_the_session_on_apply(session, widgets):
 
     form.apply_buttons["TwoRoles"].click()
     assert session._wiring == [(env, {"solver": solver, "verifier": verifier}, 1.0)]
-    assert session.wiring_problems() == []
+    assert session.wiring.problems(warnings=False) == []
     assert "ready to train" in form.problems.value
     assert "<b>verifier</b>" in form.graph.value
     assert "TwoRoles wired" in form.status.value
@@ -184,7 +184,7 @@ def test_widget_rewires_the_session_on_apply(session, widgets):
     form.dropdowns["TwoRoles"]["verifier"].value = "solver"
     form.apply_buttons["TwoRoles"].click()
     assert session._wiring == [(env, {"solver": solver, "verifier": solver}, 1.0)]
-    assert session.wiring_problems() == []
+    assert session.wiring.problems(warnings=False) == []
     assert "warning: policy 'verifier' is not wired" in form.problems.value
 
 

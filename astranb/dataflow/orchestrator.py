@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import itertools
 import random
-import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from ..environment import Environment, EpisodeContext
-from ..policy import Policy
-from ..recorder import Recorder
+from ..environments.base import Environment
+from ..environments.play import play_episode
+from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
+from ..errors import EpisodesKeepFailing
 from ..types import Trajectory
 from .batcher import has_signal_for, policy_reward
 from .buffer import Buffer, Group
@@ -29,9 +29,6 @@ from .staleness import StalenessGate
 
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing"]
 
-
-class EpisodesKeepFailing(RuntimeError):
-    """Every recent episode raised: the environment (or engine) is broken, not unlucky."""
 
 
 @dataclass
@@ -53,7 +50,7 @@ class RolloutCounters:
 class Source:
     """One wired environment: its roles' policies, its sampling weight and its sample stream."""
 
-    def __init__(self, env: Environment, wiring: Mapping[str, Policy], weight: float = 1.0,
+    def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle], weight: float = 1.0,
                  seed: int = 0):
         if not weight > 0:
             raise ValueError(f"{env.name}: sampling weight must be > 0, got {weight!r}")
@@ -76,7 +73,7 @@ class Orchestrator:
         group_size: episodes per sample.
         seed: seed of the environment choice.
         max_consecutive_failures: stop the run after this many failed episodes in a row.
-        pool: a RolloutPool: episodes are played on rollout services instead of in this process.
+        remote: rollout services that play the episodes instead of this process.
     """
 
     def __init__(
@@ -84,12 +81,12 @@ class Orchestrator:
         sources: Source | list[Source],
         buffers: Mapping[str, Buffer],
         gate: StalenessGate,
-        recorder: Recorder,
+        recorder: RunRecorder,
         *,
         group_size: int,
         seed: int = 0,
         max_consecutive_failures: int = 64,
-        pool=None,
+        remote: RemoteEpisodes | None = None,
     ):
         self.sources = [sources] if isinstance(sources, Source) else list(sources)
         self.buffers = buffers
@@ -102,7 +99,7 @@ class Orchestrator:
         self._rng = random.Random(seed)
         self._consecutive_failures = 0
         self._max_failures = max_consecutive_failures
-        self.pool = pool
+        self.remote = remote
 
     async def run(self, workers: int) -> None:
         """Run `workers` group workers until cancelled (or every sample stream ends)."""
@@ -134,7 +131,7 @@ class Orchestrator:
         source = source or self.sources[0]
         group_id = next(self._group_ids)
         admitted = min(p.version for p in source.policies.values())
-        if self.pool is not None:
+        if self.remote is not None:
             return await self._play_remote(sample, group_id, admitted, source)
         results: list[Trajectory | None] = [None] * self.group_size
 
@@ -149,12 +146,12 @@ class Orchestrator:
         return Group(group_id, ok, admitted, used)
 
     async def _play_remote(self, sample, group_id: int, admitted: int, source: Source) -> Group:
-        epoch = self.pool.epoch
-        ids = self.pool.episode_ids(group_id, self.group_size)
-        results = await self.pool.play(source.env, [(i, dict(sample), group_id, admitted) for i in ids])
+        epoch = self.remote.epoch
+        ids = self.remote.episode_ids(group_id, self.group_size)
+        results = await self.remote.play(source.env, [(i, dict(sample), group_id, admitted) for i in ids])
         for traj in results:
             self._count(traj, source)
-        if self.pool.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
+        if self.remote.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
             return Group(group_id, (), admitted, frozenset())
         ok = tuple(t for t in results if t.ok)
         return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns))
@@ -163,16 +160,8 @@ class Orchestrator:
                            source: Source | None = None) -> Trajectory:
         """One episode; an exception becomes a failed, recorded trajectory."""
         source = source or self.sources[0]
-        env = source.env
-        ctx = EpisodeContext(env, source.wiring)
-        try:
-            rewards, error = env.rewards_for(await env.episode(ctx, sample)), None
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception:
-            rewards, error = {}, traceback.format_exc()
-        traj = Trajectory(sample, tuple(ctx.turns), rewards, group_id, error, admitted,
-                          tool_calls=tuple(ctx.tool_calls), env=env.name)
+        traj = await play_episode(source.env, source.wiring, sample, group=group_id,
+                                  started_version=admitted)
         self._count(traj, source)
         return traj
 

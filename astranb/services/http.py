@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from .wire import JSON, MSGPACK, pack
+from ..remote.serialize import JSON, MSGPACK, pack
 
 __all__ = ["ServiceConfig", "InsecureBind", "service_app", "install", "reply", "free_port",
            "is_loopback"]

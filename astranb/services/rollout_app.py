@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
-import traceback
 import uuid
 from collections import OrderedDict
 from contextlib import asynccontextmanager
@@ -37,10 +36,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from .. import environments, weights
-from ..environment import Environment, EpisodeContext
-from ..types import GenerationRequest, Trajectory, WeightUpdate
+from ..environments.base import Environment
+from ..environments.play import play_episode
+from ..models import dtype_for
+from ..types import GenerationRequest, WeightUpdate
+from ..weights.publish import deliver
 from .http import ServiceConfig, reply, service_app
-from .wire import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire, trajectory_to_wire
+from ..remote.serialize import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire, trajectory_to_wire
 
 __all__ = ["RolloutConfig", "RolloutService", "create_app"]
 
@@ -220,12 +222,9 @@ class RolloutService:
                                  "has none; save it with spec.save(dir) and use models.local(dir)")
             engine = SGLangEngine(spec, url=self.config.sglang_url, name=body.name)
             return engine, engine.tokenizer
-        import torch
-
         from ..engines import HFEngine
 
-        dtype = torch.float32 if self.config.device == "cpu" else torch.bfloat16
-        engine = HFEngine(spec, device=self.config.device, dtype=dtype,
+        engine = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device),
                           max_batch_size=body.max_batch_size, seed=body.seed, name=body.name)
         return engine.start(), engine.tokenizer
 
@@ -298,15 +297,10 @@ class RolloutService:
 
     async def _play(self, item: EpisodeIn, lane: _Lane) -> None:
         env, wiring = self.envs[item.env_id]
-        ctx = EpisodeContext(env, wiring)
-        try:
-            rewards = env.rewards_for(await env.episode(ctx, item.sample))
-            error = None
-        except Exception:
-            rewards, error = {}, traceback.format_exc()
+        traj = await play_episode(env, wiring, item.sample, group=item.group,
+                                  started_version=item.started_version, id=item.id)
+        if not traj.ok:
             self.counters["failed"] += 1
-        traj = Trajectory(item.sample, tuple(ctx.turns), rewards, item.group, error,
-                          item.started_version, item.id, tuple(ctx.tool_calls), env.name)
         lane.finish(item.id, trajectory_to_wire(traj))
         self.counters["finished"] += 1
 
@@ -334,12 +328,9 @@ class RolloutService:
             url = f"{body.url.rstrip('/')}/v1/weights/{body.policy}"
             have = {"have_version": engine.version, "have_checksum": engine.weights_checksum}
             started = time.perf_counter()
-            payload = await self._fetch(url, have, headers)
-            try:
-                applied = await self._apply(slot, payload)
-            except weights.WeightTransferError:
-                payload = await self._fetch(url, {}, headers)
-                applied = await self._apply(slot, payload)
+            payload, applied, _ = await deliver(
+                lambda full: self._fetch(url, {} if full else have, headers),
+                lambda payload: self._apply(slot, payload))
             seconds = time.perf_counter() - started
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload), "seconds": seconds}
 

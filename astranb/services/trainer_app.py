@@ -34,12 +34,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from ..algorithms.config import algorithm_from_dict
-from ..models import ModelSpec
-from ..training.local import AdamW, LocalTrainer
+from ..models import ModelSpec, dtype_for
+from ..training.local import AdamWConfig, LocalTrainer
 from ..weights.store import WeightStore
 from .http import ServiceConfig, reply, service_app
 from .rollout_app import NAME, ModelIn
-from .wire import OCTETS, batch_from_bytes, spec_from_wire
+from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 
 __all__ = ["TrainerConfig", "TrainerBackend", "LocalBackend", "TrainerService", "create_app"]
 
@@ -49,7 +49,7 @@ class TrainerBackend(Protocol):
 
     world_size: int
 
-    def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamW, micro_batch_size: int = 64) -> int: ...
+    def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamWConfig, micro_batch_size: int = 64) -> int: ...
     def step(self, name: str, batch) -> dict[str, float]: ...
     def version(self, name: str) -> int: ...
     def weights(self, name: str) -> dict[str, torch.Tensor]: ...
@@ -68,9 +68,8 @@ class LocalBackend:
         self.trainers: dict[str, LocalTrainer] = {}
 
     def create(self, name, spec, algorithm, optimizer, micro_batch_size=64) -> int:
-        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         self.trainers[name] = LocalTrainer(spec, algorithm, optimizer, micro_batch_size=micro_batch_size,
-                                           device=self.device, dtype=dtype)
+                                           device=self.device, dtype=dtype_for(self.device))
         return 0
 
     def step(self, name, batch):
@@ -151,7 +150,7 @@ class TrainerService:
         try:
             spec = spec_from_wire(request["model"])
             algorithm = algorithm_from_dict(body.algorithm)
-            optimizer = AdamW(**{k: tuple(v) if k == "betas" else v for k, v in body.optimizer.items()})
+            optimizer = AdamWConfig(**{k: tuple(v) if k == "betas" else v for k, v in body.optimizer.items()})
         except (TypeError, ValueError, KeyError) as error:
             raise HTTPException(422, f"invalid algorithm/optimizer: {error}")
         try:

@@ -22,7 +22,7 @@ from .costs import Lengths, RolloutCosts, TrainCosts, Workload
 from .engine import GpuPool, SimEngine
 from .environment import SolverVerifier
 from .simulate import SCHEDULES, ScheduleResult, SimConfig, SimResult, run_virtual, simulate
-from .trainer import SimPolicy, SimTrainer, TrainPool
+from .trainer import SimPublisher, SimTrainer, TrainPool
 
 __all__ = [
     "simulate",
@@ -38,7 +38,7 @@ __all__ = [
     "GpuPool",
     "SimEngine",
     "SimTrainer",
-    "SimPolicy",
+    "SimPublisher",
     "TrainPool",
     "SolverVerifier",
     "run_virtual",

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..environment import Environment, EpisodeContext
+from ..environments.base import Environment, EpisodeContext
 from .costs import Workload
 
 __all__ = ["SolverVerifier"]

@@ -50,18 +50,17 @@ import anyio
 import torch
 
 from ..algorithms import GRPO
-from ..dataflow.barrier import VersionBarrier
-from ..dataflow.buffer import Buffer
-from ..dataflow.orchestrator import Orchestrator, Source
-from ..dataflow.staleness import StalenessGate
+from ..dataflow.config import RunConfig
+from ..dataflow.flow import Dataflow
+from ..dataflow.orchestrator import Source
 from ..recorder import Recorder
-from ..training.loop import TrainLoop
 from .costs import RolloutCosts, TrainCosts, Workload
 from .engine import GpuPool, SimEngine
 from .environment import SolverVerifier
 from .trainer import SimTrainer, TrainPool, sim_policy
 
 if TYPE_CHECKING:
+    from ..dataflow.loop import TrainLoop
     import pandas
 
 __all__ = ["SCHEDULES", "SimConfig", "ScheduleResult", "SimResult", "simulate", "run_virtual"]
@@ -316,28 +315,15 @@ def _run_schedule(config: SimConfig, schedule: str, directory: Path):
 async def _play(config: SimConfig, schedule: str, recorder: Recorder):
     """The pieces assembled as Session._run_main assembles them, on simulated hardware."""
     s = _setup(config, schedule)
-    gpb = config.groups_per_batch
     source = Source(s.env, {"solver": s.policies["solver"], "verifier": s.policies["verifier"]},
                     seed=config.seed)
-    gate = StalenessGate(s.policies, gpb, s.max_staleness)
-    buffers = {name: Buffer(name, config.order) for name in s.policies}
-    orchestrator = Orchestrator(source, buffers, gate, recorder, group_size=config.group_size,
-                                seed=config.seed,
-                                max_consecutive_failures=max(64, 2 * config.batch_size))
-    barrier = VersionBarrier(s.policies) if s.mode == "barrier" else None
+    run_config = RunConfig(s.steps, config.batch_size, config.group_size, s.max_staleness,
+                           config.order, config.seed, s.mode)
+    flow = Dataflow([source], run_config, recorder, workers=s.workers)
     started = anyio.current_time()
-    loops = [TrainLoop(p, buffers[n], gate, recorder, orchestrator.counters, s.steps, gpb,
-                       s.max_staleness, started, barrier=barrier)
-             for n, p in s.policies.items()]
     with anyio.fail_after(config.max_virtual_seconds):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(s.gpus.run)
-            tg.start_soon(orchestrator.run, s.workers or gate.capacity)
-            async with anyio.create_task_group() as trainers:
-                for loop in loops:
-                    trainers.start_soon(loop.run)
-            tg.cancel_scope.cancel()
-    return s, loops, anyio.current_time() - started
+        await flow.run(s.gpus.run)
+    return s, flow.loops, anyio.current_time() - started
 
 
 def _summarise(config, schedule, setup, recorder, loops, rows, end, real) -> ScheduleResult:
@@ -378,7 +364,7 @@ def _seconds_per_iteration(rows: list[dict], steps: int, warmup: int) -> float:
 
 
 def _rollout_work(config: SimConfig, setup: _Setup, recorder: Recorder,
-                  loops: list[TrainLoop]) -> float:
+                  loops: list["TrainLoop"]) -> float:
     """Ideal rollout GPU-seconds per iteration: the expected work of an episode times the
     episodes an iteration needs (more than a batch when groups are filtered out)."""
     extra = _overgeneration(config, setup.steps, recorder, loops)
@@ -399,7 +385,7 @@ def _episode_work(config: SimConfig, draws: int = 20_000) -> float:
 
 
 def _overgeneration(config: SimConfig, steps: int, recorder: Recorder,
-                    loops: list[TrainLoop]) -> float:
+                    loops: list["TrainLoop"]) -> float:
     """Finished groups per group a policy could use (1 unless groups are filtered out)."""
     if not config.filter_groups:
         return 1.0

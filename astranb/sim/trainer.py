@@ -5,9 +5,9 @@ training GPUs it owns; trainers that share a pool take turns (its lock), which i
 baseline trains one policy after the other on all the GPUs. Its weights are nothing: publishing
 is the engine's timed in-flight update.
 
-SimPolicy is the real Policy with one change: `publish` awaits the engine's update on the event
-loop. Policy.publish copies weights in a worker thread and waits on a concurrent Future through
-asyncio; under the virtual clock a worker thread would let the clock jump while it runs, and
+A simulated policy is the real Policy with a `SimPublisher`, whose publish awaits the engine's
+update on the event loop. The in-process publishers copy weights in a worker thread and wait on a
+concurrent Future through asyncio; under the virtual clock a worker thread would let the clock jump while it runs, and
 asyncio does not exist under trio. Everything else (train_step awaiting an async trainer,
 version, algorithm) is Policy's own code.
 """
@@ -21,12 +21,12 @@ import anyio
 from ..algorithms import GRPO
 from ..models import ModelSpec
 from ..policy import Policy
-from ..training.local import AdamW
+from ..training.local import AdamWConfig
 from ..types import Batch
 from .costs import TrainCosts
 from .engine import SimEngine
 
-__all__ = ["TrainPool", "SimTrainer", "SimPolicy", "SimTokenizer", "sim_policy"]
+__all__ = ["TrainPool", "SimTrainer", "SimPublisher", "SimTokenizer", "sim_policy"]
 
 
 class TrainPool:
@@ -71,13 +71,18 @@ class SimTrainer:
         return {}
 
 
-@dataclass(eq=False, repr=False)
-class SimPolicy(Policy):
-    """A Policy whose publish is the simulated engine's in-flight update."""
+class SimPublisher:
+    """Publishing is the simulated engine's in-flight update (`contracts.Publisher`)."""
 
-    async def publish(self) -> dict[str, float | str]:
+    where = "simulated GPUs"
+    checksum = None
+
+    def __init__(self, engine: SimEngine):
+        self.engine = engine
+
+    async def publish(self, name: str, trainer: SimTrainer) -> dict[str, float | str]:
         start = anyio.current_time()
-        await self.engine.apply_weights(self.trainer.version)
+        await self.engine.apply_weights(trainer.version)
         return {"transfer_kind": "simulated", "transfer_seconds": anyio.current_time() - start}
 
 
@@ -94,7 +99,8 @@ class SimTokenizer:
         return ""
 
 
-def sim_policy(name: str, engine: SimEngine, trainer: SimTrainer, algorithm=None) -> SimPolicy:
-    """A SimPolicy over `engine` and `trainer` (GRPO without group filtering by default)."""
-    return SimPolicy(name, ModelSpec(f"sim-{name}"), algorithm or GRPO(filter_groups=False),
-                     AdamW(), engine, trainer, SimTokenizer())
+def sim_policy(name: str, engine: SimEngine, trainer: SimTrainer, algorithm=None) -> Policy:
+    """A Policy over the simulated `engine` and `trainer` (GRPO without group filtering by
+    default)."""
+    return Policy(name, ModelSpec(f"sim-{name}"), algorithm or GRPO(filter_groups=False),
+                  AdamWConfig(), engine, trainer, SimPublisher(engine), SimTokenizer())

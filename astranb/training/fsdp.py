@@ -42,7 +42,7 @@ CPU memory. The files are LocalTrainer's: either trainer can load what the other
     from astranb.training.fsdp import main_worker
 
     def serve(trainer):  # rank 0 only; the other ranks follow
-        trainer.create("solver", ab.models.tiny(), ab.GRPO(), ab.AdamW(lr=1e-3))
+        trainer.create("solver", ab.models.tiny(), ab.GRPO(), ab.AdamWConfig(lr=1e-3))
         metrics = trainer.step("solver", batch)  # a Batch from astranb.dataflow.batcher
         trainer.save("solver", "ckpt/solver")
 
@@ -83,7 +83,7 @@ from ..models import ModelSpec
 from ..types import Batch
 from .collective import Collective, Command, RankZeroLost
 from .local import (
-    AdamW,
+    AdamWConfig,
     backward_micro_batches,
     clip_and_step,
     micro_batches,
@@ -104,7 +104,7 @@ class _Policy:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     algorithm: Algorithm
-    config: AdamW
+    config: AdamWConfig
     micro_batch_size: int
     param_names: list[str]
     """Parameter names in optimizer order (the index order of the checkpoint format)."""
@@ -133,7 +133,7 @@ class _Replica:
     def create(self, command: Command) -> int:
         args = command.args
         optimizer = args["optimizer"]
-        config = AdamW(**{**optimizer, "betas": tuple(optimizer["betas"])})
+        config = AdamWConfig(**{**optimizer, "betas": tuple(optimizer["betas"])})
         model = ModelSpec(**args["spec"]).build(device=self.device).train()
         self._shard(model)
         adamw = torch.optim.AdamW(
@@ -225,11 +225,11 @@ class FSDPBackend:
     Args:
         timeout_s: how long followers wait for rank 0 before exiting (rank 0 pings them while
             idle, so only a dead or hung rank 0 trips it); also the timeout of each collective.
-        compute_dtype: forward/backward dtype (e.g. torch.bfloat16 on GPU); parameters, AdamW
+        compute_dtype: forward/backward dtype (e.g. torch.bfloat16 on GPU); parameters, AdamWConfig
             state and gradient reduction stay fp32. None computes in fp32.
 
     Example:
-        trainer.create("solver", ab.models.tiny(), ab.GRPO(), ab.AdamW())  # version 0
+        trainer.create("solver", ab.models.tiny(), ab.GRPO(), ab.AdamWConfig())  # version 0
         trainer.step("solver", batch)          # {"loss": ..., "grad_norm": ..., ...}
         trainer.weights("solver")              # full CPU state, as LocalTrainer.weights()
     """
@@ -244,7 +244,7 @@ class FSDPBackend:
         name: str,
         spec: ModelSpec,
         algorithm: Algorithm,
-        optimizer: AdamW = AdamW(),
+        optimizer: AdamWConfig = AdamWConfig(),
         micro_batch_size: int = 64,
     ) -> int:
         """Build policy `name`'s model on every rank and shard it; returns its version (0).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ..models import ModelSpec
 from ..types import Batch
 
 __all__ = [
+    "AdamWConfig",
     "AdamW",
     "LocalTrainer",
     "token_logprobs",
@@ -37,8 +39,9 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class AdamW:
-    """Optimizer settings for a policy's trainer."""
+class AdamWConfig:
+    """Optimizer settings for a policy's trainer (AdamW). Named so it never shadows
+    `torch.optim.AdamW`, the optimizer it configures."""
 
     lr: float = 1e-3
     """Learning rate."""
@@ -51,9 +54,20 @@ class AdamW:
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"AdamW lr must be a positive number, got {self.lr!r}; e.g. lr=1e-3")
+            raise ValueError(f"AdamWConfig lr must be a positive number, got {self.lr!r}; e.g. lr=1e-3")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+
+
+@dataclass(frozen=True)
+class AdamW(AdamWConfig):
+    """Deprecated name of `AdamWConfig` (kept for one release)."""
+
+    def __post_init__(self) -> None:
+        warnings.warn("astranb.AdamW is now astranb.AdamWConfig (it no longer shadows "
+                      "torch.optim.AdamW); the old name goes away in the next release",
+                      DeprecationWarning, stacklevel=3)
+        super().__post_init__()
 
 
 def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +135,7 @@ def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_toke
     return loss.detach(), metrics
 
 
-def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamW) -> float:
+def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamWConfig) -> float:
     """Clip the global gradient norm to config.grad_clip (0: no clipping), step, return the norm."""
     clip = config.grad_clip
     params = [p for p in model.parameters() if p.grad is not None]
@@ -148,7 +162,7 @@ class LocalTrainer:
         self,
         spec: ModelSpec,
         algorithm: Algorithm,
-        optimizer: AdamW = AdamW(),
+        optimizer: AdamWConfig = AdamWConfig(),
         *,
         micro_batch_size: int = 64,
         device: str | torch.device = "cpu",

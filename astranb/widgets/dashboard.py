@@ -56,7 +56,7 @@ class LiveDashboard(_View):
         self._throttle = Throttle(self._redraw, interval, self._failed, name="astranb-dashboard")
         self._unsubscribe = run.on_event(self._on_event)
         run._future.add_done_callback(lambda _: self._throttle.poke())
-        if run.done():
+        if run.done:
             self._throttle.poke()
 
     @property
@@ -102,7 +102,7 @@ class LiveDashboard(_View):
             for trace, new in zip(self.fig.data, spec["data"]):
                 trace.x, trace.y = new["x"], new["y"]
         self.status_html.value = self._status_html()
-        if self.run.done():
+        if self.run.done:
             self.stop_button.disabled = True
             self.stop_button.description = self.run.status.capitalize()
 

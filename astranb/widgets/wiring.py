@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from ..environment import Environment
+from ..environments.base import Environment
 from ..wiring import EnvironmentView, graph_html, problems_html
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class WiringWidget(widgets.VBox):
         self.refresh()
         pairs = ", ".join(f"{role} -> {name!r}" for role, name in choice.items())
         note = f"{row.env.name} wired: {pairs}."
-        if any(not run.done() for run in self._session.runs):
+        if any(not run.done for run in self._session.runs):
             note += (" The run going on keeps its wiring; this applies from the next "
                      "session.train().")
         self.status.value = _colored(GREEN, note)

@@ -121,7 +121,7 @@ CELLS = [
         "if kill_one_rollout and len(services.rollout) > 1:\n"
         "    run = session.train(steps=failover_steps, batch_size=batch_size, group_size=group_size,\n"
         "                        max_staleness=max_staleness)\n"
-        "    while len(run.metrics) < 2 and not run.done():\n"
+        "    while len(run.metrics) < 2 and not run.done:\n"
         "        await asyncio.sleep(0.1)\n"
         "    victim = services.rollout[-1]\n"
         "    victim.kill()\n"

@@ -13,9 +13,10 @@ episode whose first copy still arrived) is acknowledged and discarded, so no epi
 twice and, since nothing leaves the books before its result is in, none is lost. `accounting()`
 reports the totals.
 
-Weights: after a train step `publish(policy)` brings every ready member to the new version,
-either by telling it to pull from the trainer service (delta when its base matches, else full)
-or, with a trainer in this process, by pushing the store's payload.
+Weights: after a train step the policy's `ServicesPublisher` brings every ready member to the new
+version, either by telling it to pull from the trainer service (delta when its base matches, else
+full) or, with a trainer in this process, by pushing the store's payload
+(`astranb.weights.publish.deliver` heals a rejected delta with a full snapshot).
 """
 
 from __future__ import annotations
@@ -30,20 +31,17 @@ from typing import Any
 
 import anyio
 
-from ..environment import Environment
+from ..errors import NoRolloutService, ServiceRejected
+from ..environments.base import Environment
 from ..types import Trajectory
+from ..weights.publish import deliver
+from ..weights.store import WeightStore
 from .client import RolloutClient, ServiceError, ServiceUnavailable
-from .wire import spec_to_wire, trajectory_from_wire
+from .serialize import spec_to_wire, trajectory_from_wire
 
-__all__ = ["RolloutPool", "NoRolloutService", "ServiceRejected"]
-
-
-class NoRolloutService(RuntimeError):
-    """No rollout service answered for longer than the pool's patience."""
+__all__ = ["RolloutPool", "ServicesPublisher", "NoRolloutService", "ServiceRejected"]
 
 
-class ServiceRejected(ValueError):
-    """A rollout service refused the session's policies or environments (a setup error)."""
 
 
 @dataclass(eq=False)
@@ -109,10 +107,17 @@ class RolloutPool:
         self._tg: anyio.abc.TaskGroup | None = None
         self.epoch = 0
         self.counts: dict[str, int] = {}
-        self.new_books()
+        """This run's episode accounting (see `accounting()`)."""
+        self.reset_accounting()
 
-    def new_books(self) -> None:
-        """Episode ids and books are per run: results of an earlier run are recognised and
+    def start_run(self, sources) -> None:
+        """A run begins: new episode ids and accounting; its environments are registered."""
+        self.reset_accounting()
+        for source in sources:
+            self.wire_env(source.env, source.wiring)
+
+    def reset_accounting(self) -> None:
+        """Episode ids and accounting are per run: results of an earlier run are recognised and
         ignored (acknowledged so the service forgets them)."""
         self.tag = uuid.uuid4().hex[:8]
         self._queue.clear()
@@ -187,7 +192,7 @@ class RolloutPool:
                                                max_batch_size=policy.max_batch_size, seed=policy.seed)
             async with self._weights_lock:
                 for policy in self.policies.values():
-                    await self._sync(member, policy)
+                    await self._sync(member, policy.name, policy.version, policy.publisher)
                 for key, (env, roles, kwargs) in self._envs.items():
                     member.env_ids[key] = await member.client.register(_env_name(env), roles, kwargs)
                 fresh = member.instance_id != status["instance_id"]
@@ -351,14 +356,14 @@ class RolloutPool:
         return {**c, "awaited": waiting, "lost": lost}
 
     # -- weights -----------------------------------------------------------------------------------
-    async def publish(self, policy) -> dict[str, Any]:
-        """Bring every ready member to the policy's current version; transfer metrics."""
+    async def publish(self, name: str, version: int, publisher: ServicesPublisher) -> dict[str, Any]:
+        """Bring every ready member to `version` of policy `name`; transfer metrics."""
         async with self._weights_lock:
             answers = {}
 
             async def one(member: Member) -> None:
                 try:
-                    answers[member.url] = await self._sync(member, policy)
+                    answers[member.url] = await self._sync(member, name, version, publisher)
                 except (ServiceUnavailable, ServiceError):
                     self._fail_over(member)  # it catches up when it answers again
 
@@ -375,21 +380,23 @@ class RolloutPool:
             "rollout_versions": ",".join(str(a["version"]) for a in answers.values()),
         }
 
-    async def _sync(self, member: Member, policy) -> dict:
+    async def _sync(self, member: Member, name: str, version: int,
+                    publisher: ServicesPublisher) -> dict:
         if self.trainer_url is not None:
-            return await member.client.notify_version(policy.name, policy.version, self.trainer_url,
-                                                      policy.weights_checksum)
-        status = (await member.client.status())["policies"][policy.name]
-        if status["version"] == policy.version and status["checksum"] == policy.store.checksum:
+            return await member.client.notify_version(name, version, self.trainer_url,
+                                                      publisher.checksum)
+        store = publisher.store
+        status = (await member.client.status())["policies"][name]
+        if status["version"] == version and status["checksum"] == store.checksum:
             return status | {"kind": "none", "bytes": 0}
-        payload = policy.store.pull(status["version"], status["checksum"])
-        try:
-            return await member.client.push_weights(policy.name, payload)
-        except ServiceError as error:
-            if error.status != 409:
-                raise
-            payload = policy.store.pull_full()
-            return await member.client.push_weights(policy.name, payload)
+
+        async def fetch(full: bool) -> bytes:
+            return store.pull_full() if full else store.pull(status["version"], status["checksum"])
+
+        _, answer, _ = await deliver(
+            fetch, lambda payload: member.client.push_weights(name, payload),
+            rejected=lambda e: isinstance(e, ServiceError) and e.status == 409)
+        return answer
 
     async def close(self) -> None:
         for member in self.members.values():
@@ -399,3 +406,42 @@ class RolloutPool:
 def _env_name(env: Environment) -> str:
     return getattr(env, "registry_name", None) or env.name
 
+
+
+class ServicesPublisher:
+    """Publishes a policy's weights to the session's rollout services (`contracts.Publisher`).
+
+    With a trainer service the services pull each version from it (`store` is None and the
+    checksum is the remote trainer's); with a trainer in this process the weights are encoded into
+    `store` here and pushed to each service.
+    """
+
+    def __init__(self, pool: RolloutPool, store: WeightStore | None = None, trainer: Any = None):
+        self.pool, self.store, self._trainer = pool, store, trainer
+
+    @property
+    def where(self) -> str:
+        return f"{len(self.pool.members)} rollout service(s)"
+
+    @property
+    def checksum(self) -> int | None:
+        if self.store is not None:
+            return self.store.checksum
+        return getattr(self._trainer, "checksum", None)
+
+    def publish_initial(self, name: str, trainer: Any) -> None:
+        """Version 0 into the store (the services get it when they catch up)."""
+        if self.store is not None:
+            self.store.publish(trainer.version, trainer.weights())
+
+    async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
+        if self.store is not None:
+            store = self.store
+            stats = await anyio.to_thread.run_sync(
+                lambda: store.publish(trainer.version, trainer.weights()))
+            metrics = {"changed_fraction": stats.changed_fraction,
+                       "encode_seconds": stats.encode_seconds}
+        metrics.update(await self.pool.publish(name, trainer.version, self))
+        metrics["weights_checksum"] = self.checksum
+        return metrics

@@ -30,10 +30,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
+from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = ["Environment", "EpisodeContext"]
 

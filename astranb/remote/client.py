@@ -12,22 +12,13 @@ from typing import Any
 
 import httpx
 
+from ..errors import ServiceError, ServiceUnavailable
 from ..types import Batch
-from .wire import JSON, MSGPACK, OCTETS, batch_to_bytes, pack, unpack
+from .serialize import JSON, MSGPACK, OCTETS, batch_to_bytes, pack, unpack
 
 __all__ = ["ServiceError", "ServiceUnavailable", "RolloutClient", "TrainerClient"]
 
 
-class ServiceError(RuntimeError):
-    """A service answered with an error status."""
-
-    def __init__(self, url: str, status: int, message: str):
-        super().__init__(f"{url} answered {status}: {message}")
-        self.status = status
-
-
-class ServiceUnavailable(ConnectionError):
-    """A service did not answer (refused, reset, timed out)."""
 
 
 class _Client:

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import anyio
 
-from ..dataflow.batcher import build_batch
-from ..dataflow.buffer import Buffer, Group
-from ..dataflow.orchestrator import RolloutCounters
-from ..dataflow.staleness import StalenessGate
-from ..policy import Policy
-from ..recorder import Recorder
-from ..services.remote_trainer import TrainerRolledBack
+from .barrier import VersionBarrier
+from .batcher import build_batch
+from .buffer import Buffer, Group
+from .orchestrator import RolloutCounters
+from .staleness import StalenessGate
+from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
+from ..errors import TrainerRolledBack
 
 __all__ = ["TrainLoop"]
 
@@ -27,20 +27,21 @@ __all__ = ["TrainLoop"]
 class TrainLoop:
     """Trains one policy for `steps` steps from the groups in its buffer."""
 
-    policy: Policy
+    policy: PolicyHandle
     buffer: Buffer
     gate: StalenessGate
-    recorder: Recorder
+    recorder: RunRecorder
     counters: RolloutCounters
     steps: int
     groups_per_batch: int
     max_staleness: int
-    started: float
+    started: float = 0.0
+    """When the run started, on the event loop's clock (set by `Dataflow.run`)."""
     dropped_stale: int = 0
     trained_twice: int = 0
-    pool: object = None
-    """The run's RolloutPool, if rollout services play the episodes (rollback handling)."""
-    barrier: object = None
+    remote: RemoteEpisodes | None = None
+    """Rollout services that play the episodes, if any (a rollback moves their epoch on)."""
+    barrier: VersionBarrier | None = None
     """A VersionBarrier in mode="barrier": step v starts once every policy is at version v."""
 
     def __post_init__(self) -> None:
@@ -91,8 +92,8 @@ class TrainLoop:
         meaning versions that exist.
         """
         transfer = await self.policy.publish()  # services back on the recovered weights first
-        if self.pool is not None:
-            self.pool.epoch += 1  # groups begun before this point are discarded on arrival
+        if self.remote is not None:
+            self.remote.epoch += 1  # groups begun before this point are discarded on arrival
         dropped = groups + self.buffer.drain()
         self._release(dropped)
         self.dropped_stale += len(dropped)
@@ -152,6 +153,6 @@ class TrainLoop:
         }
 
 
-def _pad_id(policy: Policy) -> int:
+def _pad_id(policy: PolicyHandle) -> int:
     pad = policy.tokenizer.pad_token_id
     return pad if pad is not None else (policy.tokenizer.eos_token_id or 0)

@@ -18,18 +18,11 @@ import time
 import anyio
 
 from ..types import Batch
-from .client import ServiceError, ServiceUnavailable, TrainerClient
+from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
+from .client import TrainerClient
 
 __all__ = ["RemoteTrainer", "TrainerRolledBack"]
 
-
-class TrainerRolledBack(RuntimeError):
-    """The trainer service restarted from a checkpoint older than the session's version."""
-
-    def __init__(self, policy: str, recovered: int, expected: int):
-        super().__init__(f"trainer of {policy!r} recovered version {recovered} from its checkpoint; "
-                         f"the session was at {expected}")
-        self.recovered, self.expected = recovered, expected
 
 
 class RemoteTrainer:

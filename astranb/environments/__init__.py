@@ -1,4 +1,5 @@
-"""Find environments by name.
+"""Environments: the base class and context (`base`), playing one episode (`play`), and finding
+installed environments by name (`load`, `available`).
 
 Environment packages register a class under the `astranb.environments` entry-point group, so a
 researcher's own environment becomes loadable by name with one line in its pyproject.toml:
@@ -15,9 +16,10 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from .environment import Environment
+from .base import Environment, EpisodeContext
+from .play import play_episode
 
-__all__ = ["load", "available"]
+__all__ = ["load", "available", "Environment", "EpisodeContext", "play_episode"]
 
 GROUP = "astranb.environments"
 

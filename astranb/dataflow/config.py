@@ -1,0 +1,59 @@
+"""What a run is asked for, validated before any work starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RunConfig"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What `session.train` was asked for, validated."""
+
+    steps: int
+    """Train steps per policy."""
+    batch_size: int
+    """Episodes per train step (a multiple of group_size)."""
+    group_size: int
+    """Episodes per sample; advantages are normalised within a group."""
+    max_staleness: int
+    """Largest allowed `trainer version - oldest token version` of a trained sample."""
+    order: str = "edf"
+    """Buffer order: "edf" (oldest tokens first) or "fifo"."""
+    seed: int = 0
+    """Seed of the sample stream."""
+    mode: str = "independent"
+    """"independent": each policy steps when its batch is ready; "barrier": versions advance
+    together (no policy starts step v+1 before every policy has published v+1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "group_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size={self.group_size}: group-relative advantages need at least 2 "
+                "episodes per sample; use group_size >= 2 (8 is a good default)"
+            )
+        if self.batch_size % self.group_size:
+            lower = self.batch_size - self.batch_size % self.group_size
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
+                f"use batch_size={max(lower, self.group_size)} or "
+                f"{lower + self.group_size}"
+            )
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be an integer >= 0, got {self.max_staleness!r}: 0 trains "
+                "synchronously on fresh samples only, >= 1 lets rollouts run ahead of training"
+            )
+        if self.order not in ("edf", "fifo"):
+            raise ValueError(f"order must be 'edf' or 'fifo', got {self.order!r}")
+        if self.mode not in ("independent", "barrier"):
+            raise ValueError(f"mode must be 'independent' or 'barrier', got {self.mode!r}")
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.batch_size // self.group_size

@@ -1,0 +1,67 @@
+"""Errors astranb raises on purpose. Every one is an `AstranbError`, so a notebook can catch them
+all at once; each also keeps the builtin base it has always had (ValueError, RuntimeError,
+ConnectionError), so existing `except` clauses keep working.
+
+    try:
+        run.wait()
+    except ab.AstranbError as error:
+        print("astranb says:", error)
+
+Errors that belong to one pure part stay next to it and inherit from here (the weight codec's
+`WeightTransferError`, the SGLang engine's `SGLangError`, the services' `InsecureBind`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AstranbError",
+    "EpisodesKeepFailing",
+    "TrainerRolledBack",
+    "ServiceError",
+    "ServiceUnavailable",
+    "NoRolloutService",
+    "ServiceRejected",
+    "ReplayError",
+]
+
+
+class AstranbError(Exception):
+    """Base class of the errors astranb raises on purpose."""
+
+
+class EpisodesKeepFailing(AstranbError, RuntimeError):
+    """Every recent episode raised: the environment (or engine) is broken, not unlucky."""
+
+
+class TrainerRolledBack(AstranbError, RuntimeError):
+    """The trainer came back from a checkpoint older than the session's version: the steps
+    after it are lost, and what their weights generated must not be trained on."""
+
+    def __init__(self, policy: str, recovered: int, expected: int):
+        super().__init__(f"trainer of {policy!r} recovered version {recovered} from its "
+                         f"checkpoint; the session was at {expected}")
+        self.policy, self.recovered, self.expected = policy, recovered, expected
+
+
+class ServiceError(AstranbError, RuntimeError):
+    """A service answered with an error (4xx/5xx): the request or the service is wrong."""
+
+    def __init__(self, url: str, status: int, message: str):
+        super().__init__(f"{url} answered {status}: {message}")
+        self.url, self.status, self.message = url, status, message
+
+
+class ServiceUnavailable(AstranbError, ConnectionError):
+    """A service did not answer (connection refused, reset, timed out)."""
+
+
+class NoRolloutService(AstranbError, RuntimeError):
+    """No rollout service answered for longer than the pool's patience."""
+
+
+class ServiceRejected(AstranbError, ValueError):
+    """A rollout service refused the session's policies or environments (a setup error)."""
+
+
+class ReplayError(AstranbError, RuntimeError):
+    """A replayed episode needs a turn the recording lacks and no policy can sample it."""

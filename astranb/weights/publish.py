@@ -1,0 +1,137 @@
+"""Getting a trainer's weights to whatever samples from them.
+
+`deliver` is the one place a weight transfer heals itself: the receiver is sent what brings it up
+to date from the version and checksum it holds (a delta when its base matches), and if it rejects
+that payload (wrong base, corrupt bytes) it gets a full snapshot instead. The in-process publisher
+below, the rollout pool (pushing to services) and a rollout service (pulling from a trainer
+service) all use it.
+
+Publishers satisfy `astranb.contracts.Publisher`:
+
+    EnginePublisher   an engine in this process, through a versioned WeightStore (bf16 deltas)
+    StatePublisher    an engine in this process, by copying the trainer's tensors (no codec)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from ..contracts import Engine, Trainer
+from ..types import WeightUpdate
+from .codec import WeightTransferError
+from .store import WeightStore
+
+__all__ = ["deliver", "EnginePublisher", "StatePublisher"]
+
+R = TypeVar("R")
+
+
+async def deliver(
+    fetch: Callable[[bool], Awaitable[bytes]],
+    apply: Callable[[bytes], Awaitable[R]],
+    *,
+    rejected: Callable[[BaseException], bool] = lambda e: isinstance(e, WeightTransferError),
+) -> tuple[bytes, R, str]:
+    """Send a receiver the payload that brings it up to date; heal a rejected one with a full one.
+
+    Args:
+        fetch: `fetch(full)` returns the payload: with full=False whatever fits the receiver's
+            base (a delta when it matches), with full=True a full snapshot.
+        apply: hands a payload to the receiver and returns its answer.
+        rejected: which errors of `apply` mean "send a full snapshot instead" (by default the
+            codec's WeightTransferError); anything else propagates.
+
+    Returns:
+        (the payload that was applied, the receiver's answer, why a full snapshot had to
+        follow: the rejection's message, or "" when the first payload was taken).
+    """
+    payload = await fetch(False)
+    try:
+        return payload, await apply(payload), ""
+    except Exception as error:
+        if not rejected(error):
+            raise
+        reason = str(error)
+    payload = await fetch(True)
+    return payload, await apply(payload), reason
+
+
+class EnginePublisher:
+    """Publishes through a WeightStore to an engine in this process (deltas in bf16).
+
+    Args:
+        engine: the policy's engine.
+        store: the versioned store the trainer's weights are encoded into.
+        verify: recompute the engine's checksum after every publish (tests; slow on big models).
+    """
+
+    where = "this process"
+
+    def __init__(self, engine: Any, store: WeightStore, *, verify: bool = False):
+        self.engine, self.store, self.verify = engine, store, verify
+
+    @property
+    def checksum(self) -> int | None:
+        return self.store.checksum
+
+    def publish_initial(self, name: str, trainer: Trainer) -> None:
+        """Version 0 as a full snapshot, so the engine samples from exactly the published (bf16)
+        weights from the first token on (blocking: called while building the policy)."""
+        self.store.publish(trainer.version, trainer.weights())
+        update = WeightUpdate(name, trainer.version, payload=self.store.pull_full())
+        self.engine.update_weights(update).result()
+
+    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
+        version = trainer.version
+        # copying and encoding weights is heavy: keep it off the event loop
+        stats = await anyio.to_thread.run_sync(
+            lambda: self.store.publish(version, trainer.weights()))
+        engine = self.engine
+
+        async def fetch(full: bool) -> bytes:
+            if full:
+                return self.store.pull_full()
+            return self.store.pull(engine.version, engine.weights_checksum)
+
+        async def apply(payload: bytes) -> dict[str, Any]:
+            update = WeightUpdate(name, version, payload=payload)
+            return dict(await asyncio.wrap_future(engine.update_weights(update)))
+
+        payload, applied, fallback = await deliver(fetch, apply)
+        metrics: dict[str, Any] = {
+            "transfer_kind": applied["kind"],
+            "transfer_bytes": len(payload),
+            "transfer_ratio": len(payload) / stats.full_bytes,
+            "changed_fraction": stats.changed_fraction,
+            "encode_seconds": stats.encode_seconds,
+            "decode_seconds": applied["apply_seconds"],
+            "transfer_fallback": fallback,
+            "weights_checksum": self.store.checksum,
+        }
+        if self.verify:
+            metrics["engine_checksum"] = await anyio.to_thread.run_sync(engine.published_checksum)
+        return metrics
+
+
+class StatePublisher:
+    """Copies the trainer's full-precision tensors into an engine in this process (no codec,
+    no checksum: `weight_transfer="state"`)."""
+
+    where = "this process"
+    checksum = None
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def publish_initial(self, name: str, trainer: Trainer) -> None:
+        """Nothing to do: the engine was built from the same spec as the trainer."""
+
+    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
+        state = await anyio.to_thread.run_sync(trainer.weights)
+        update = WeightUpdate(name, trainer.version, dict(state))
+        await asyncio.wrap_future(self.engine.update_weights(update))
+        return {"transfer_kind": "state"}
