@@ -99,9 +99,3 @@ class Buffer:
         groups = [g for _, _, g in self._heap]
         self._heap.clear()
         return groups
-
-    def stale_count(self, version: int, max_staleness: int) -> int:
-        """How many waiting groups are already too stale for `version` (for metrics)."""
-        return sum(
-            version - g.min_version(self.policy) > max_staleness for _, _, g in self._heap
-        )

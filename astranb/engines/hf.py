@@ -97,8 +97,7 @@ class HFEngine:
         self._targets = self._model.state_dict()
         self._alias_groups = _alias_groups(self._targets)
         self._version = version
-        self._mirror: dict[str, torch.Tensor] | None = None  # weights as published (bf16)
-        self._mirror_checksum: int | None = None
+        self._mirror = weights.Mirror()  # the weights exactly as published (bf16)
         self._weights_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: deque[Row] = deque()
@@ -190,10 +189,6 @@ class HFEngine:
             self._cv.notify_all()
         self.start()
         return future
-
-    async def aupdate_weights(self, update: WeightUpdate) -> None:
-        """Async form of update_weights."""
-        await asyncio.wrap_future(self.update_weights(update))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A detached copy of the engine's current weights."""
@@ -381,7 +376,7 @@ class HFEngine:
                 with self._weights_lock, torch.no_grad():
                     for name, tensor in update.state.items():
                         self._targets[name].copy_(tensor)
-                self._mirror = self._mirror_checksum = None  # the mirror no longer matches
+                self._mirror.clear()  # the mirror no longer matches
                 kind = "state"
         except Exception as exc:
             settle(future, exc=exc)
@@ -399,46 +394,31 @@ class HFEngine:
     def _apply_payload(self, update: WeightUpdate) -> str:
         """Apply a full snapshot or delta to the published-dtype mirror, then to the model.
 
-        The mirror holds the weights exactly as published (bf16); the payload is applied to it
-        in place and checked against the sender's checksum, then copied into the model (a cast
-        when the model runs in another dtype). A corrupt result invalidates the mirror, so the
-        next payload must be a full snapshot.
+        The mirror (`weights.Mirror`) holds the weights exactly as published (bf16) and checks
+        each payload against the sender's checksum; its tensors are then copied into the model
+        (a cast when the model runs in another dtype). A full snapshot's names and shapes are
+        checked against the model before the mirror takes it, so a bad one changes nothing.
         """
         header = weights.peek(update.payload)
-        if header.policy != self.name:
-            raise ValueError(f"payload is for policy {header.policy!r}, this engine serves {self.name!r}")
-        if header.version != update.version:
-            raise ValueError(f"payload makes version {header.version}, update says {update.version}")
-        if self._mirror is None:
-            if header.kind == "delta":
-                raise weights.BaseMismatch(
-                    "the engine holds no published weights yet; send a full snapshot first"
-                )
-            mirror = {e["name"]: torch.empty(e["shape"], dtype=weights.dtype_named(e["dtype"]))
-                      for e in header.tensors}
-            self._check_update(WeightUpdate(self.name, update.version, mirror))  # before keeping it
-            self._mirror = mirror
-        try:
-            weights.apply(self._mirror, update.payload, base_checksum=self._mirror_checksum)
-        except weights.CorruptPayload:
-            self._mirror_checksum = None  # may be half written: only a full snapshot heals it
-            raise
-        self._mirror_checksum = header.checksum
+        if header.kind == "full":
+            shapes = {e["name"]: torch.empty(e["shape"], device="meta") for e in header.tensors}
+            self._check_update(WeightUpdate(self.name, update.version, shapes))
+        self._mirror.apply(update.payload, policy=self.name, version=update.version)
         with self._weights_lock, torch.no_grad():
-            for name, tensor in self._mirror.items():
+            for name, tensor in self._mirror.tensors.items():
                 self._targets[name].copy_(tensor)
         return header.kind
 
     @property
     def weights_checksum(self) -> int | None:
         """Checksum of the weights as last published to this engine (None if none was)."""
-        return self._mirror_checksum
+        return self._mirror.checksum
 
     def published_checksum(self) -> int:
         """Recompute the checksum from the model itself, cast to the published dtype (slow)."""
-        if self._mirror is None:
+        if self._mirror.tensors is None:
             raise LookupError("no published weights were applied to this engine")
-        dtypes = {name: t.dtype for name, t in self._mirror.items()}
+        dtypes = {name: t.dtype for name, t in self._mirror.tensors.items()}
         with self._weights_lock:
             current = {name: self._targets[name].detach().to("cpu", dtypes[name]) for name in dtypes}
         return weights.checksum(current)

@@ -103,6 +103,3 @@ class InstantEngine:
 
     def close(self) -> None:
         pass
-
-    async def aupdate_weights(self, update: WeightUpdate) -> None:
-        await asyncio.wrap_future(self.update_weights(update))

@@ -426,13 +426,6 @@ class _Lane:
             self.done.pop(item_id, None)
             self.known.discard(item_id)
 
-    def drop_all(self) -> int:
-        dropped = len(self.known)
-        self.known.clear()
-        self.done.clear()
-        self.sent.clear()
-        return dropped
-
     def summary(self) -> dict:
         return {"pending": len(self.pending), "done": len(self.done), "unacked": len(self.sent)}
 
@@ -490,21 +483,5 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
     @app.post("/v1/generate")
     async def generate(body: GenerateIn) -> dict:
         return await service.generate(body)
-
-    @app.post("/v1/eval/start")
-    async def eval_start() -> dict:
-        return {"dropped": service._lanes["eval"].drop_all()}
-
-    @app.post("/v1/eval/submit")
-    async def eval_submit(body: SubmitIn) -> dict:
-        return service.submit(body.model_copy(update={"lane": "eval"}))
-
-    @app.post("/v1/eval/pull", response_model=None)
-    async def eval_pull(body: PullIn, request: Request) -> Response:
-        return reply(request, await service.pull(body.model_copy(update={"lane": "eval"})))
-
-    @app.post("/v1/eval/end")
-    async def eval_end() -> dict:
-        return {"dropped": service._lanes["eval"].drop_all()}
 
     return app
