@@ -2,10 +2,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# CPU build of torch (a plain `torch` requirement may pull a multi-GB CUDA build).
-TORCH  ?= torch==2.13.0
+# torch comes from PyTorch's CPU wheel index (on Linux a plain `torch` requirement from the default
+# index is the multi-GB CUDA build). Where that index cannot be reached, setup says so and installs
+# the plain requirement instead; the first try gives up after 15 s without an answer.
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup browser quickstart test bench clean
+.PHONY: setup browser quickstart test test-fast lint lab bench clean
 
 setup: $(VENV)/.installed
 
@@ -13,7 +16,9 @@ $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		environments/actor_verifier/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --timeout 15 --retries 0 --index-url $(TORCH_INDEX) \
+		"$(TORCH)" || { echo "note: PyTorch's CPU wheel index is not reachable; installing" \
+		"$(TORCH) from the default index"; $(BIN)/python -m pip install --quiet "$(TORCH)"; }
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic \
 		-e environments/actor_verifier
 	touch $@
@@ -38,6 +43,20 @@ browser:
 # The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
 test: setup browser
 	$(BIN)/python -m pytest -q
+
+# Everything but the tests marked slow (live services, FSDP, the browser, notebooks).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check astranb tests bench scripts environments
+	$(BIN)/mypy astranb
+
+# JupyterLab on notebooks/ with this .venv as the `astranb` kernel; it listens on loopback and
+# prints the URL with its token.
+lab: setup
+	$(BIN)/python -m ipykernel install --sys-prefix --name astranb --display-name "astranb (.venv)"
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 bench: setup
 	$(BIN)/python bench/engine.py

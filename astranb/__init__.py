@@ -23,15 +23,28 @@ from .algorithms import GRPO, M2PO, Algorithm
 from .contracts import Engine, Publisher, Trainer
 from .dataflow.config import RunConfig
 from .environments import Environment, EpisodeContext, play_episode
-from .errors import (AstranbError, EpisodesKeepFailing, ReplayError, ServiceError,
-                     ServiceUnavailable, TrainerRolledBack)
+from .errors import (
+    AstranbError,
+    EpisodesKeepFailing,
+    ReplayError,
+    ServiceError,
+    ServiceUnavailable,
+    TrainerRolledBack,
+)
 from .policy import Policy
 from .recorder import Episode
 from .run import Run
 from .session import Session
 from .training.local import AdamW, AdamWConfig, LocalTrainer
-from .types import (Generation, GenerationRequest, SamplingParams, ToolCall, Trajectory, Turn,
-                    WeightUpdate)
+from .types import (
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    ToolCall,
+    Trajectory,
+    Turn,
+    WeightUpdate,
+)
 from .weights import WeightTransferError
 
 __version__ = "0.1.0"

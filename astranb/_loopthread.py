@@ -4,13 +4,14 @@ A Session runs its event loop in a thread of anyio's blocking portal. A script t
 waits and ends without `session.close()` used to hang at exit (or abort with "terminate called
 without an active exception"):
 
-* anyio >= 4.x runs the portal in a *daemon* thread (its AnyIO worker threads inherit that), so
-  nothing joins it; the interpreter goes on to finalize with the loop still serving. When the
-  Session's ExitStack is then garbage-collected, the `start_blocking_portal` generator's `finally`
-  calls `portal.call(portal.stop)` and waits for a loop thread that finalization has frozen for
-  good (daemon threads never get the GIL back): a hang. Daemon threads unwound in the middle of
-  torch's C++ frames can also abort the process.
-* older anyio (4.4 ...) ran it in a ThreadPoolExecutor worker, which concurrent.futures joins at
+* current anyio (4.16 here) runs the portal in a *daemon* thread (its AnyIO worker threads
+  inherit that), so nothing joins it; the interpreter goes on to finalize with the loop still
+  serving. When the Session's ExitStack is then garbage-collected, the `finally` of the
+  `start_blocking_portal` generator calls `portal.call(portal.stop)` and waits for a loop thread
+  that finalization has frozen for good (daemon threads never get the GIL back): a hang. A daemon
+  thread still inside torch's C++ frames (an engine decoding, a train step) is unwound by
+  pthread_exit when it asks for the GIL, through a noexcept destructor: std::terminate, SIGABRT.
+* older anyio releases ran it in a ThreadPoolExecutor worker, which concurrent.futures joins at
   shutdown: a hang there, before finalization.
 
 Why `threading._register_atexit` (and not `atexit`, `weakref.finalize`, or a daemon thread of our

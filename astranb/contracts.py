@@ -148,7 +148,7 @@ class RemoteEpisodes(Protocol):
                    ) -> list[Trajectory]: ...
 
     def start_run(self, sources: Sequence[Any]) -> None:
-        """New books for a run; register its environments with the services."""
+        """New episode ids and accounting for a run; register its environments with the services."""
         ...
 
     async def run(self) -> None:

@@ -104,7 +104,7 @@ class Policy:
         }
 
     def _repr_html_(self) -> str:
-        from ._html import card, table
+        from .notebook.html import card, table
 
         where = "rollout services" if self.remote else "this process"
         rows = list(self.describe().items())

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .types import Trajectory, Turn, jsonable
+from .types import Trajectory, Turn, jsonable, register_html_view
 
 if TYPE_CHECKING:
-    from .debugger import EpisodeDebugger
     from .environments.base import Environment
+    from .notebook.debugger import EpisodeDebugger
     from .policy import Policy
 
 __all__ = ["Episode", "Recorder", "turn_record"]
@@ -66,7 +66,7 @@ class Episode:
 
         In JupyterLab the debugger is a widget; under papermill/nbmake it is a self-contained
         HTML viewer saved in the notebook; outside a kernel its text is printed (see
-        `astranb.display`). Assign the result (`dbg = episode.show()`) to step with methods; as
+        `astranb.notebook.display`). Assign the result (`dbg = episode.show()`) to step with methods; as
         a cell's last expression it is not shown a second time.
         """
         debugger = self.debugger()
@@ -80,7 +80,7 @@ class Episode:
             **policies: role -> policy; with them `rescore` samples the turns after an edit
                 afresh instead of replaying the recorded completions.
         """
-        from .debugger import EpisodeDebugger
+        from .notebook.debugger import EpisodeDebugger
 
         return EpisodeDebugger(self, policies)
 
@@ -282,3 +282,10 @@ class Recorder:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+
+def _trajectory_html(traj: Trajectory) -> str:
+    return Episode.from_trajectory(traj).debugger()._repr_html_()
+
+
+register_html_view(_trajectory_html)

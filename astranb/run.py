@@ -76,6 +76,12 @@ class Run:
         return pd.DataFrame(self._recorder.rows)
 
     @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The metrics rows as plain dicts (a copy; cheaper than `metrics` for frequent reads,
+        which is what the dashboard redraws from)."""
+        return self._recorder.rows
+
+    @property
     def episodes(self) -> list[Episode]:
         """Every finished episode so far (failed ones included), in completion order."""
         return self._recorder.episodes
@@ -86,7 +92,7 @@ class Run:
 
     @property
     def accounting(self) -> dict[str, int]:
-        """Episode books: submitted, completed, resubmitted after a failover, duplicates
+        """Episode accounting: submitted, completed, resubmitted after a failover, duplicates
         discarded, lost (must be 0), and trained_twice (must be 0)."""
         return self._accounting()
 
@@ -148,8 +154,8 @@ class Run:
         `ASTRANB_DISPLAY` environment variable (widgets | static | none) or `mode` overrides
         the guess. A failing dashboard shows its error and never stops training.
         """
-        from .dashboard import open_dashboard
-        from .display import MODES, display_mode, in_kernel
+        from .notebook.dashboard import open_dashboard
+        from .notebook.display import MODES, display_mode, in_kernel
 
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (or leave it None)")
@@ -234,7 +240,7 @@ class Run:
         return f"Run({self.status}, {done}/{total} steps, dir={str(self.directory)!r})"
 
     def _repr_html_(self) -> str:
-        from ._html import card, table
+        from .notebook.html import card, table
 
         done, total = self.progress
         rows = self._recorder.rows
@@ -278,7 +284,7 @@ class _Progress:
         if self.bar is None:
             return
         done, _ = self.run.progress
-        rows = self.run._recorder.rows
+        rows = self.run.rows
         if rows:
             last = rows[-1]
             self.bar.set_postfix(reward=f"{last['reward']:.2f}", stale=last["staleness_max"])

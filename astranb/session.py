@@ -337,11 +337,8 @@ class Session:
                 if self._trainer is not None:
                     self._portal.call(self._trainer.close)
         finally:
-            if self._portal is not None:
-                try:
-                    self._portal.call(self._portal.stop, True)  # cancel any other task left
-                except RuntimeError:
-                    pass  # the loop has ended already
+            # the portal stops with the stack: what was entered after it (contexts wrapped by
+            # the portal) unwinds first, while the loop still runs
             self._stack.close()
             self._portal = None
 
@@ -357,7 +354,7 @@ class Session:
                 f"environments={envs})")
 
     def _repr_html_(self) -> str:
-        from ._html import card, table
+        from .notebook.html import card, table
 
         where = "embedded" if self._pool is None else f"{len(self._pool.members)} rollout service(s)"
         if self._trainer is not None:

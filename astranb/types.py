@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -145,12 +146,10 @@ class Trajectory:
         return (f"Trajectory({self.env or 'episode'} {self.id or ''} group {self.group}: "
                 f"[{'; '.join(turn(t) for t in self.turns)}]{calls}, {outcome})")
 
-    def _repr_html_(self) -> str:
-        """The step-through viewer (prompts need a tokenizer, so they show as token ids)."""
-        from .debugger import EpisodeDebugger
-        from .recorder import Episode
-
-        return EpisodeDebugger(Episode.from_trajectory(self))._repr_html_()
+    def _repr_html_(self) -> str | None:
+        """The step-through viewer in a notebook (prompts need a tokenizer, so they show as token
+        ids); None (plain repr) when no view is registered."""
+        return _html_view(self) if _html_view is not None else None
 
     @property
     def ok(self) -> bool:
@@ -163,6 +162,16 @@ class Trajectory:
         ]
         versions = [v for v in versions if v >= 0]
         return min(versions) if versions else -1
+
+
+_html_view: Callable[[Trajectory], str] | None = None
+
+
+def register_html_view(view: Callable[[Trajectory], str]) -> None:
+    """How a Trajectory shows in a notebook. Plain data imports nothing above it, so the layer
+    that knows how to show an episode (the recorder) registers itself here."""
+    global _html_view
+    _html_view = view
 
 
 def jsonable(value: Any) -> Any:

@@ -13,7 +13,7 @@ fixes it. `apply()` rewires an environment (it calls `session.wire`, keeping the
     #   verifier -> policy 'b' (tiny-qwen3-32x2, hf)
     # problems: none
 
-This module never imports a widget library; `astranb.widgets.wiring_widget` builds the
+This module never imports a widget library; `astranb.notebook.widgets.wiring_widget` builds the
 interactive form on top of it.
 """
 

@@ -23,7 +23,7 @@ def train(mode: str, staleness: int, args) -> "object":
     with ab.Session(Path(tempfile.mkdtemp(prefix=f"astranb-{mode}-"))) as session:
         policy = session.policy(
             "solver", model=ab.models.tiny(), algorithm=ab.GRPO(entropy_coef=0.05),
-            optimizer=ab.AdamW(lr=1e-3),
+            optimizer=ab.AdamWConfig(lr=1e-3),
         )
         session.wire(ab.environments.load("arithmetic"), solver=policy)
         run = session.train(steps=args.steps, batch_size=args.batch_size, group_size=8,

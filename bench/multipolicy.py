@@ -58,7 +58,7 @@ def build(directory: Path, args, torch_threads: int | None) -> tuple[ab.Session,
         "verifier": ab.GRPO(entropy_coef=0.0, filter_groups=False),
     }
     policies = {role: session.policy(role, model=ab.models.tiny(), algorithm=algorithms[role],
-                                     optimizer=ab.AdamW(lr=args.lr)) for role in ROLES}
+                                     optimizer=ab.AdamWConfig(lr=args.lr)) for role in ROLES}
     env = ab.environments.load("actor_verifier", max_value=args.max_value)
     session.wire(env, **policies)
     return session, env

@@ -72,11 +72,11 @@ def episodes_per_second(episodes: int, chunk: int) -> dict[str, float]:
             env = ab.environments.load("arithmetic")
             session.wire(env, solver=policy)
             http_rate = session._loop().call(_drive_pool, session, env, policy, episodes, chunk)
-            books = session._pool.accounting()
+            accounting = session._pool.accounting()
         local_rate = asyncio.run(_in_process(env, policy, episodes, chunk))
     finally:
         stop(*(p for p, _ in procs))
-    assert books["lost"] == 0 and books["completed"] >= episodes, books
+    assert accounting["lost"] == 0 and accounting["completed"] >= episodes, accounting
     return {"http_eps": http_rate, "in_process_eps": local_rate}
 
 
@@ -84,8 +84,8 @@ async def _drive_pool(session, env, policy, episodes: int, chunk: int) -> float:
     import anyio
 
     pool = session._pool
-    pool.new_books()
-    pool.wire_env(env, {"solver": policy})
+    pool.reset_accounting()
+    pool.register_env(env, {"solver": policy})
     samples = iter(env.samples(0))
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
@@ -135,7 +135,7 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     try:
         with ab.Session(ROOT / "runs" / "bench-services", rollout=[r_url], trainer=t_url) as session:
             # full_every=0: every version travels as a delta (the rollout service holds v-1)
-            policy = session.policy("solver", spec, engine="instant", optimizer=ab.AdamW(lr=1e-5),
+            policy = session.policy("solver", spec, engine="instant", optimizer=ab.AdamWConfig(lr=1e-5),
                                     full_every=0)
             session.wire(ab.environments.load("arithmetic"), solver=policy)
             held = asyncio.run(_pull(t_url, None))  # version 0, full

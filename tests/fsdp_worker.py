@@ -30,9 +30,9 @@ MICRO_BATCH_SIZE = 2
 # Adam's moments, which the test compares); M2PO with a threshold low enough to drop tokens, an
 # entropy bonus, weight decay and gradient clipping: every term of the step is exercised
 POLICIES = {
-    "grpo": (ab.GRPO(), ab.AdamW(lr=1e-3, grad_clip=0.0)),
+    "grpo": (ab.GRPO(), ab.AdamWConfig(lr=1e-3, grad_clip=0.0)),
     "m2po": (ab.M2PO(threshold=0.01, entropy_coef=0.01),
-             ab.AdamW(lr=1e-3, weight_decay=0.1, grad_clip=0.5)),
+             ab.AdamWConfig(lr=1e-3, weight_decay=0.1, grad_clip=0.5)),
 }
 
 

@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 import astranb as ab
+from astranb.weights.publish import StatePublisher
 from astranb.dataflow.batcher import build_batch
 from astranb.dataflow.buffer import Group
 from astranb_actor_verifier import (ActorVerifier, early_late, retry_prompt, role_rewards, verdict,
@@ -129,7 +130,9 @@ class ScriptedEngine:
 def scripted_policy(name, texts, version):
     spec = ab.models.tiny()
     tok = spec.tokenizer()
-    return ab.Policy(name, spec, ab.GRPO(), ab.AdamW(), ScriptedEngine(tok, texts, version), None, tok)
+    engine = ScriptedEngine(tok, texts, version)
+    return ab.Policy(name, spec, ab.GRPO(), ab.AdamWConfig(), engine, None, StatePublisher(engine),
+                     tok)
 
 
 def test_turns_roles_and_credit_assignment():

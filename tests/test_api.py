@@ -7,10 +7,13 @@ import astranb as ab
 
 def test_exported_names():
     assert sorted(ab.__all__) == sorted([
-        "Session", "Policy", "Environment", "EpisodeContext", "Trainer", "LocalTrainer", "Run",
-        "RunConfig", "Episode", "EpisodeDebugger", "debug", "GRPO", "M2PO", "Algorithm", "AdamW",
-        "SamplingParams", "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory",
-        "WeightUpdate", "models", "environments", "weights", "__version__",
+        "Session", "Policy", "Environment", "EpisodeContext", "play_episode", "Trainer", "Engine",
+        "Publisher", "LocalTrainer", "Run", "RunConfig", "Episode", "EpisodeDebugger", "debug",
+        "GRPO", "M2PO", "Algorithm", "AdamWConfig", "AdamW", "SamplingParams",
+        "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory", "WeightUpdate",
+        "AstranbError", "EpisodesKeepFailing", "ReplayError", "ServiceError",
+        "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "models",
+        "environments", "weights", "__version__",
     ])
     for name in ab.__all__:
         assert hasattr(ab, name), name
@@ -43,8 +46,13 @@ def test_main_signatures():
     for method in ("forward", "back", "goto", "run_until", "edit", "rescore", "to_html",
                    "export_html"):
         assert callable(getattr(ab.EpisodeDebugger, method))
-    for method in ("step", "weights", "save", "load"):
+    # Trainer is the contract (a Protocol); LocalTrainer is its in-process implementation
+    for method in ("step", "weights"):
         assert callable(getattr(ab.Trainer, method))
+    for method in ("step", "weights", "save", "load"):
+        assert callable(getattr(ab.LocalTrainer, method))
+    for contract in (ab.Trainer, ab.Engine, ab.Publisher):
+        assert getattr(contract, "_is_protocol", False), contract
 
 
 def test_core_never_imports_widget_libraries():
@@ -55,3 +63,24 @@ def test_core_never_imports_widget_libraries():
     code = ("import astranb, astranb.wiring, sys; "
             "assert 'ipywidgets' not in sys.modules and 'plotly' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_errors_share_one_base_and_keep_their_builtin_bases():
+    assert issubclass(ab.WeightTransferError, ab.AstranbError)
+    assert issubclass(ab.WeightTransferError, ValueError)
+    assert issubclass(ab.ServiceUnavailable, ConnectionError)
+    for error in (ab.EpisodesKeepFailing, ab.ReplayError, ab.ServiceError, ab.TrainerRolledBack):
+        assert issubclass(error, ab.AstranbError) and issubclass(error, RuntimeError), error
+
+
+def test_renamed_names_still_work_for_one_release_with_a_warning():
+    import pytest
+
+    with pytest.warns(DeprecationWarning, match="AdamWConfig"):
+        old = ab.AdamW(lr=0.01)
+    assert isinstance(old, ab.AdamWConfig) and old.lr == 0.01
+    with pytest.warns(DeprecationWarning, match="astranb.notebook.widgets"):
+        from astranb.widgets import debugger_widget
+    from astranb.notebook.widgets import debugger_widget as new
+
+    assert debugger_widget is new

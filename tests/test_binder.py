@@ -45,10 +45,20 @@ def test_requirements_install_every_environment_from_the_repository_root():
     assert environments and environments <= listed, sorted(map(str, environments - listed))
 
 
-def test_no_package_index_is_named():
-    for line in requirement_lines():
-        assert not line.startswith(("-i", "--index-url", "--extra-index-url", "-f", "--find-links"))
-        assert "://" not in line, line
+def test_torch_is_the_cpu_build_and_no_other_index_is_named():
+    """Binder has no GPU: torch comes from PyTorch's CPU wheel index (the Makefile's TORCH_INDEX),
+    at the Makefile's pin; no other index or link source is named."""
+    makefile = (ROOT / "Makefile").read_text()
+    index = re.search(r"^TORCH_INDEX\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    pin = re.search(r"^TORCH\s*\?=\s*torch==(\S+)", makefile, re.M).group(1)
+    lines = requirement_lines()
+    assert f"--extra-index-url {index}" in lines
+    assert f"torch=={pin}+cpu" in lines
+    for line in lines:
+        if line != f"--extra-index-url {index}":
+            assert not line.startswith(("-i", "--index-url", "--extra-index-url", "-f",
+                                        "--find-links")), line
+            assert "://" not in line, line
 
 
 def test_runtime_is_python_3_11():

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 import astranb as ab
-from astranb.dashboard import (PANELS, StaticDashboard, TextDashboard, Throttle, figure,
+from astranb.notebook.dashboard import (PANELS, StaticDashboard, TextDashboard, Throttle, figure,
                                open_dashboard, status_line, to_png)
 from tests.envs import CountA
 
@@ -127,7 +127,7 @@ def test_throttle_error_goes_to_on_error_and_never_to_the_poker():
 
 
 def test_display_mode_override(monkeypatch):
-    from astranb.display import display_mode
+    from astranb.notebook.display import display_mode
 
     monkeypatch.setenv("ASTRANB_DISPLAY", "static")
     assert display_mode() == "static"
@@ -183,7 +183,7 @@ def test_stop_button_stops_the_run(tmp_path):
 
 
 def test_a_failing_dashboard_never_stops_training(tmp_path, monkeypatch):
-    from astranb.widgets.dashboard import LiveDashboard
+    from astranb.notebook.widgets.dashboard import LiveDashboard
 
     def broken(self):
         raise RuntimeError("plot exploded")
@@ -239,7 +239,7 @@ def test_static_and_text_dashboards(tmp_path, capsys):
 
 def test_dashboard_updates_come_from_one_thread_only(tmp_path):
     """Redraws run on the dashboard's own thread, never on the training loop's thread."""
-    from astranb.widgets.dashboard import LiveDashboard
+    from astranb.notebook.widgets.dashboard import LiveDashboard
 
     seen = set()
     original = LiveDashboard._redraw

@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 import astranb as ab
-from astranb.replay import ReplayError, encode
+from astranb.weights.publish import StatePublisher
+from astranb.notebook.replay import ReplayError, encode
 from astranb_actor_verifier import ActorVerifier
 from astranb_arithmetic import Arithmetic, check
 
@@ -42,7 +43,8 @@ def scripted(name, *texts, version=0):
     tok = spec.tokenizer()
     trainer = types.SimpleNamespace(version=version)
     engine = ScriptedEngine(tok, texts, version)
-    return ab.Policy(name, spec, ab.GRPO(), ab.AdamW(), engine, trainer, tok)
+    return ab.Policy(name, spec, ab.GRPO(), ab.AdamWConfig(), engine, trainer,
+                     StatePublisher(engine), tok)
 
 
 @pytest.fixture(scope="module")
@@ -268,6 +270,59 @@ def test_token_shading_and_titles():
     assert "'7'" in repr(dbg.steps[0]) and "-0.50" in repr(dbg)
 
 
+class StepHeads(HTMLParser):
+    """Each step header's text as a browser's textContent gives it: the text nodes inside
+    `<div class="head">` of a step, joined with nothing (no space is added between elements)."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads, self.roots, self._depth, self._section = [], [], 0, False
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "div" and "astranb-dbg" in classes:
+            self.roots.append(self._section)              # a root opened before any step?
+        if tag == "section":
+            self._section = True
+        if self._depth:
+            self._depth += 1
+        elif tag == "div" and "head" in classes and self._section:
+            self._depth = 1
+            self.heads.append("")
+
+    def handle_endtag(self, tag):
+        if self._depth:
+            self._depth -= 1
+
+    def handle_data(self, data):
+        if self._depth:
+            self.heads[-1] += data
+
+
+def step_heads(page):
+    parser = StepHeads()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def test_step_headers_read_as_separate_words():
+    from astranb.notebook.widgets import debugger_widget
+
+    dbg = ab.debug(ToolBetween(), SAMPLE, solver=scripted("solver", "aab", "3"))
+    head = "step 0 (of 0–4): turn 0 solver · role solver → policy solver · sampled · versions [0]"
+    pane = step_heads(debugger_widget(dbg).pane.value)      # the widget's pane, as it shows it
+    assert pane.heads == [head]
+    assert "solversolver" not in pane.heads[0] and "sampledversions" not in pane.heads[0]
+    assert pane.roots == [False]      # inside an .astranb-dbg root, so the stylesheet applies
+    for page in (dbg._repr_html_(), dbg.to_html()):         # the notebook viewer and the export
+        heads = step_heads(page).heads
+        assert heads[0] == head and len(heads) == len(dbg.steps)
+        assert heads[2].startswith("step 2 (of 0–4): turn 1 solver · role solver → policy")
+        assert heads[1] == "step 1 (of 0–4): tool count_a"
+    assert "[0] turn 0 solver -> solver (sampled, stop, versions [0])" in repr(dbg)  # text form
+
+
 # -- recorded episodes of a real run ---------------------------------------------------------------
 
 def test_run_episodes_step_and_rescore(tiny, tmp_path):
@@ -374,7 +429,7 @@ def test_show_prints_the_text_outside_a_kernel(monkeypatch, capsys):
 # -- the widget ------------------------------------------------------------------------------------
 
 def test_widget_buttons_only_drive_the_debugger():
-    from astranb.widgets import debugger_widget
+    from astranb.notebook.widgets import debugger_widget
 
     dbg = ab.debug(ToolBetween(), SAMPLE, solver=scripted("p", "aab", "9"))
     w = debugger_widget(dbg)

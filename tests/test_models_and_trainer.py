@@ -63,10 +63,10 @@ def test_micro_batching_gives_the_same_step_as_one_batch():
 def test_trainer_save_and_load_round_trip(tmp_path):
     spec = ab.models.tiny(hidden_size=32, num_heads=2)
     batch = build_batch([group(0, [(0, 0), (0, 0)], [1.0, 0.0])], "p", ab.M2PO(), pad_id=0)
-    trainer = LocalTrainer(spec, ab.M2PO(), ab.AdamW(lr=1e-2))
+    trainer = LocalTrainer(spec, ab.M2PO(), ab.AdamWConfig(lr=1e-2))
     trainer.step(batch)
     trainer.save(tmp_path / "ckpt")
-    restored = LocalTrainer(spec, ab.M2PO(), ab.AdamW(lr=1e-2))
+    restored = LocalTrainer(spec, ab.M2PO(), ab.AdamWConfig(lr=1e-2))
     restored.load(tmp_path / "ckpt")
     assert restored.version == 1
     trainer.step(batch)
@@ -79,7 +79,7 @@ def test_trainer_save_and_load_round_trip(tmp_path):
 def test_entropy_bonus_raises_entropy():
     spec = ab.models.tiny(hidden_size=32, num_heads=2, initializer_range=0.5)
     batch = build_batch([group(0, [(0, 0), (0, 0)], [1.0, 1.0])], "p", ab.GRPO(), pad_id=0)
-    trainer = LocalTrainer(spec, ab.GRPO(entropy_coef=1.0, filter_groups=False), ab.AdamW(lr=1e-2))
+    trainer = LocalTrainer(spec, ab.GRPO(entropy_coef=1.0, filter_groups=False), ab.AdamWConfig(lr=1e-2))
     first = trainer.step(batch)["entropy"]  # equal rewards: zero advantage, only the bonus acts
     for _ in range(5):
         last = trainer.step(batch)["entropy"]
@@ -88,4 +88,4 @@ def test_entropy_bonus_raises_entropy():
 
 def test_optimizer_validation():
     with pytest.raises(ValueError, match="lr must be a positive number"):
-        ab.AdamW(lr=0)
+        ab.AdamWConfig(lr=0)

@@ -166,7 +166,7 @@ def test_msgpack_and_json_bodies_and_answers():
 def test_remote_session_trains_and_every_service_holds_the_trainers_weights(tmp_path):
     session, apps, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw))
     with session:
-        policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamW(lr=3e-3))
+        policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamWConfig(lr=3e-3))
         session.wire(CountA(), solver=policy)
         run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1).wait(progress=False)
         df = run.metrics

@@ -35,7 +35,7 @@ def test_two_rollout_services_and_an_fsdp_trainer_stay_in_sync(tmp_path):
     with processes(r0, r1, trainer):
         assert _status(trainer.url)["world_size"] == 2
         with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url], trainer=trainer.url) as session:
-            policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamW(lr=3e-3))
+            policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamWConfig(lr=3e-3))
             session.wire(CountA(), solver=policy)
             run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1)
             run.wait(progress=False)

@@ -26,17 +26,17 @@ def session(tmp_path):
 
 @pytest.fixture
 def widgets():
-    """astranb.widgets for one test, then forgotten again: test_api checks in this same
+    """astranb.notebook.widgets for one test, then forgotten again: test_api checks in this same
     process that `import astranb` alone never loads ipywidgets."""
     before = set(sys.modules)
-    from astranb import widgets
+    from astranb.notebook import widgets
 
     yield widgets
     for name in set(sys.modules) - before:
-        if name.startswith(("ipywidgets", "astranb.widgets")):
+        if name.startswith(("ipywidgets", "astranb.notebook.widgets")):
             del sys.modules[name]
-    if "astranb.widgets" not in before:
-        del ab.widgets
+    if "astranb.notebook.widgets" not in before:
+        del sys.modules["astranb.notebook"].widgets
 
 
 def policies(session):

@@ -19,7 +19,7 @@ exactly, so rewards that differ by any amount count as signal.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

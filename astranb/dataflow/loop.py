@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import anyio
 
+from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
+from ..errors import TrainerRolledBack
 from .barrier import VersionBarrier
 from .batcher import build_batch
 from .buffer import Buffer, Group
 from .orchestrator import RolloutCounters
 from .staleness import StalenessGate
-from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
-from ..errors import TrainerRolledBack
 
 __all__ = ["TrainLoop"]
 

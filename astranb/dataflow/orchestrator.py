@@ -18,9 +18,9 @@ from typing import Any
 
 import anyio
 
+from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..environments.base import Environment
 from ..environments.play import play_episode
-from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..errors import EpisodesKeepFailing
 from ..types import Trajectory
 from .batcher import has_signal_for, policy_reward

@@ -11,9 +11,9 @@ keys/values are not cached yet), samples, and writes the new tokens back into `p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 

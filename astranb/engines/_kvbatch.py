@@ -23,7 +23,7 @@ buffer and return views; it never copies the whole cache per step, unlike `Dynam
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -38,7 +38,7 @@ class _SlotLayer(CacheLayerMixin):
 
     is_sliding = False
 
-    def __init__(self, owner: "SlotKV", layer: int) -> None:
+    def __init__(self, owner: SlotKV, layer: int) -> None:
         super().__init__()
         self.owner = owner
         self.layer = layer
@@ -68,7 +68,7 @@ class _SlotLayer(CacheLayerMixin):
 class SlotCache(Cache):
     """The transformers `Cache` the model is called with during decode steps."""
 
-    def __init__(self, owner: "SlotKV", num_layers: int) -> None:
+    def __init__(self, owner: SlotKV, num_layers: int) -> None:
         super().__init__(layers=[_SlotLayer(owner, i) for i in range(num_layers)])
 
 

@@ -11,12 +11,13 @@ from typing import Any
 
 import httpx
 
+from ..errors import AstranbError
 from ..types import GenerationRequest, SamplingParams
 
 __all__ = ["SGLangError"]
 
 
-class SGLangError(RuntimeError):
+class SGLangError(AstranbError, RuntimeError):
     """The SGLang server was unreachable, refused a call, or answered something unexpected."""
 
     def __init__(self, message: str, status: int | None = None) -> None:

@@ -26,9 +26,9 @@ import importlib.util
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -112,7 +112,7 @@ class HFEngine:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self) -> "HFEngine":
+    def start(self) -> HFEngine:
         """Start the worker thread (idempotent). Returns self."""
         with self._cv:
             self._check_open()
@@ -139,13 +139,13 @@ class HFEngine:
         with self._cv:
             self._closed = True
 
-    def __enter__(self) -> "HFEngine":
+    def __enter__(self) -> HFEngine:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    async def __aenter__(self) -> "HFEngine":
+    async def __aenter__(self) -> HFEngine:
         return self.start()
 
     async def __aexit__(self, *exc) -> None:

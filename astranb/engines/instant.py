@@ -8,12 +8,10 @@ weight payloads to a bf16 mirror exactly as HFEngine does, so weight transfer is
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import threading
 from concurrent.futures import Future
-
 
 from .. import weights
 from ..types import Generation, GenerationRequest, WeightUpdate

@@ -47,24 +47,39 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 
 from .. import weights
 from ..models import ModelSpec, resolve
 from ..types import Generation, GenerationRequest, WeightUpdate
-from .base import settle
 from ._sglang_server import (
-    WEIGHTS_FILE, _copy_without_weights, _free_port, _launch, _log_tail, _model_dir,
-    _read_checksum, _require_sglang, _save_weights, _stop_process, _wait_healthy,
+    WEIGHTS_FILE,
+    _copy_without_weights,
+    _free_port,
+    _launch,
+    _log_tail,
+    _model_dir,
+    _read_checksum,
+    _require_sglang,
+    _save_weights,
+    _stop_process,
+    _wait_healthy,
 )
 from ._sglang_wire import (
-    SGLangError, _answer, _body, _check_request, _finish, _gauge_sum, _parse_stretch,
+    SGLangError,
+    _answer,
+    _body,
+    _check_request,
+    _finish,
+    _gauge_sum,
+    _parse_stretch,
     _stretch_version,
 )
+from .base import settle
 
 __all__ = ["SGLangEngine", "SGLangError"]
 
@@ -169,7 +184,7 @@ class SGLangEngine:
             if self._own_workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "SGLangEngine":
+    def __enter__(self) -> SGLangEngine:
         return self
 
     def __exit__(self, *exc) -> None:

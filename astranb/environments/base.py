@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
 
 if TYPE_CHECKING:
-    from ..policy import Policy
+    from ..contracts import PolicyHandle
 
 __all__ = ["Environment", "EpisodeContext"]
 
@@ -79,13 +79,18 @@ class Environment(ABC):
 class EpisodeContext:
     """The handle an episode acts through: generate per role, tools, and a record of both."""
 
-    def __init__(self, env: Environment, wiring: Mapping[str, Policy]):
+    def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle]):
         self.env = env
         self._wiring = dict(wiring)
         self.turns: list[Turn] = []
         """Every generate() call so far, in order."""
         self.tool_calls: list[ToolCall] = []
         """Every tool() call so far, in order."""
+
+    @property
+    def wiring(self) -> dict[str, PolicyHandle]:
+        """Role -> the policy wired to it."""
+        return dict(self._wiring)
 
     def tokenizer(self, role: str):
         """The tokenizer of the policy wired to `role`."""
@@ -148,7 +153,7 @@ class EpisodeContext:
         self.tool_calls.append(ToolCall(name, arguments, jsonable(result), None, position))
         return result
 
-    def _policy(self, role: str) -> Policy:
+    def _policy(self, role: str) -> PolicyHandle:
         try:
             return self._wiring[role]
         except KeyError:
@@ -157,7 +162,7 @@ class EpisodeContext:
                 f"and the session wired {sorted(self._wiring)}"
             ) from None
 
-    def _sampling(self, policy: Policy, overrides: Mapping[str, Any]) -> SamplingParams:
+    def _sampling(self, policy: PolicyHandle, overrides: Mapping[str, Any]) -> SamplingParams:
         known = {f.name for f in dataclasses.fields(SamplingParams)}
         unknown = set(overrides) - known
         if unknown:

@@ -10,7 +10,7 @@ synced to the current version, environments registered; only then does it get wo
 
 Episodes are identified by id. The first result for an id wins; any later one (a resubmitted
 episode whose first copy still arrived) is acknowledged and discarded, so no episode is trained
-twice and, since nothing leaves the books before its result is in, none is lost. `accounting()`
+twice and, since nothing leaves the accounting before its result is in, none is lost. `accounting()`
 reports the totals.
 
 Weights: after a train step the policy's `ServicesPublisher` brings every ready member to the new
@@ -31,8 +31,8 @@ from typing import Any
 
 import anyio
 
-from ..errors import NoRolloutService, ServiceRejected
 from ..environments.base import Environment
+from ..errors import NoRolloutService, ServiceRejected
 from ..types import Trajectory
 from ..weights.publish import deliver
 from ..weights.store import WeightStore
@@ -114,7 +114,7 @@ class RolloutPool:
         """A run begins: new episode ids and accounting; its environments are registered."""
         self.reset_accounting()
         for source in sources:
-            self.wire_env(source.env, source.wiring)
+            self.register_env(source.env, source.wiring)
 
     def reset_accounting(self) -> None:
         """Episode ids and accounting are per run: results of an earlier run are recognised and
@@ -296,7 +296,7 @@ class RolloutPool:
                 self._missed(member)
                 if member.state == "ready":
                     member.state = "suspect"
-                # the service may or may not have them: keep them on its books until it answers
+                # the service may or may not have them: keep them in its accounting until it answers
                 # (then they arrive) or it is declared dead (then they are resubmitted)
 
     async def _wait_queued(self, timeout: float | None = None) -> None:
@@ -313,7 +313,7 @@ class RolloutPool:
             )
 
     # -- episodes ----------------------------------------------------------------------------------
-    def wire_env(self, env: Environment, wiring: Mapping[str, Any]) -> None:
+    def register_env(self, env: Environment, wiring: Mapping[str, Any]) -> None:
         """Play `env` with these role -> policy names; members register it when they catch up."""
         roles = {role: p.name for role, p in wiring.items()}
         self._envs[id(env)] = (env, roles, getattr(env, "registry_kwargs", {}))
@@ -348,7 +348,7 @@ class RolloutPool:
         return [f"{self.tag}.{self.epoch}.{group}.{i}" for i in range(n)]
 
     def accounting(self) -> dict[str, int]:
-        """This run's episode books. Every submitted episode is completed, still awaited, or
+        """This run's episode accounting. Every submitted episode is completed, still awaited, or
         abandoned because the run ended first; `lost` counts the rest and must be 0."""
         waiting = len(self._waiting)
         c = self.counts

@@ -17,8 +17,8 @@ import time
 
 import anyio
 
-from ..types import Batch
 from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
+from ..types import Batch
 from .client import TrainerClient
 
 __all__ = ["RemoteTrainer", "TrainerRolledBack"]

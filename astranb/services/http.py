@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from ..errors import AstranbError
 from ..remote.serialize import JSON, MSGPACK, pack
 
 __all__ = ["ServiceConfig", "InsecureBind", "service_app", "install", "reply", "free_port",
@@ -30,7 +31,7 @@ __all__ = ["ServiceConfig", "InsecureBind", "service_app", "install", "reply", "
 PUBLIC_PATHS = frozenset({"/health"})
 
 
-class InsecureBind(ValueError):
+class InsecureBind(AstranbError, ValueError):
     """A service was asked to listen beyond loopback without a token."""
 
 

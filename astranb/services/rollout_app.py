@@ -39,10 +39,16 @@ from .. import environments, weights
 from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..models import dtype_for
+from ..remote.serialize import (
+    OCTETS,
+    generation_to_wire,
+    sampling_from_wire,
+    spec_from_wire,
+    trajectory_to_wire,
+)
 from ..types import GenerationRequest, WeightUpdate
 from ..weights.publish import deliver
 from .http import ServiceConfig, reply, service_app
-from ..remote.serialize import OCTETS, generation_to_wire, sampling_from_wire, spec_from_wire, trajectory_to_wire
 
 __all__ = ["RolloutConfig", "RolloutService", "create_app"]
 

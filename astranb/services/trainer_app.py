@@ -35,11 +35,11 @@ from pydantic import BaseModel, Field
 
 from ..algorithms.config import algorithm_from_dict
 from ..models import ModelSpec, dtype_for
+from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 from ..training.local import AdamWConfig, LocalTrainer
 from ..weights.store import WeightStore
 from .http import ServiceConfig, reply, service_app
 from .rollout_app import NAME, ModelIn
-from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 
 __all__ = ["TrainerConfig", "TrainerBackend", "LocalBackend", "TrainerService", "create_app"]
 

@@ -60,8 +60,9 @@ from .environment import SolverVerifier
 from .trainer import SimTrainer, TrainPool, sim_policy
 
 if TYPE_CHECKING:
-    from ..dataflow.loop import TrainLoop
     import pandas
+
+    from ..dataflow.loop import TrainLoop
 
 __all__ = ["SCHEDULES", "SimConfig", "ScheduleResult", "SimResult", "simulate", "run_virtual"]
 
@@ -364,7 +365,7 @@ def _seconds_per_iteration(rows: list[dict], steps: int, warmup: int) -> float:
 
 
 def _rollout_work(config: SimConfig, setup: _Setup, recorder: Recorder,
-                  loops: list["TrainLoop"]) -> float:
+                  loops: list[TrainLoop]) -> float:
     """Ideal rollout GPU-seconds per iteration: the expected work of an episode times the
     episodes an iteration needs (more than a batch when groups are filtered out)."""
     extra = _overgeneration(config, setup.steps, recorder, loops)
@@ -385,7 +386,7 @@ def _episode_work(config: SimConfig, draws: int = 20_000) -> float:
 
 
 def _overgeneration(config: SimConfig, steps: int, recorder: Recorder,
-                    loops: list["TrainLoop"]) -> float:
+                    loops: list[TrainLoop]) -> float:
     """Finished groups per group a policy could use (1 unless groups are filtered out)."""
     if not config.filter_groups:
         return 1.0

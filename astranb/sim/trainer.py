@@ -14,8 +14,6 @@ version, algorithm) is Policy's own code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import anyio
 
 from ..algorithms import GRPO

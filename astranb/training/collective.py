@@ -34,15 +34,18 @@ import json
 import queue
 import re
 import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
+
+from ..errors import AstranbError
 
 __all__ = ["Command", "Collective", "RankZeroLost", "encode", "decode"]
 
@@ -65,7 +68,7 @@ class Command:
 Handler = Callable[[Command], Any]
 
 
-class RankZeroLost(RuntimeError):
+class RankZeroLost(AstranbError, RuntimeError):
     """A follower heard nothing from rank 0 within the timeout, or lost its connection."""
 
 

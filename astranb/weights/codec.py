@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -35,6 +34,8 @@ import numpy as np
 import torch
 import xxhash
 import zstandard
+
+from ..errors import AstranbError
 
 __all__ = [
     "WeightTransferError",
@@ -63,7 +64,7 @@ _MAX_HEADER = 256 << 20
 _SCHEMES = ("same", "raw", "dense", "rice", "bitmap")
 
 
-class WeightTransferError(ValueError):
+class WeightTransferError(AstranbError, ValueError):
     """A payload cannot be applied; nothing was changed unless the message says otherwise."""
 
 

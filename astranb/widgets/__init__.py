@@ -1,19 +1,19 @@
-"""Jupyter widgets for astranb: the only part of the package that imports ipywidgets.
+"""Deprecated location of the notebook widgets: use `astranb.notebook.widgets` (this alias goes
+away in the next release)."""
 
-    from astranb.widgets import wiring_widget, debugger_widget
-    wiring_widget(session)      # a dropdown per role, Apply, live problems and the graph
-    debugger_widget(run.episodes[0].debugger())   # step through an episode, edit, rescore
+from __future__ import annotations
 
-Needs the notebook extra: pip install 'astranb[notebook]'.
-"""
+from typing import Any
 
-try:
-    import ipywidgets  # noqa: F401
-except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("astranb.widgets needs ipywidgets; install the notebook extra: "
-                      "pip install 'astranb[notebook]'") from error
+_NAMES = ("DebuggerWidget", "debugger_widget", "WiringWidget", "wiring_widget")
 
-from .debugger import DebuggerWidget, debugger_widget
-from .wiring import WiringWidget, wiring_widget
 
-__all__ = ["DebuggerWidget", "WiringWidget", "debugger_widget", "wiring_widget"]
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'astranb.widgets' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn("astranb.widgets moved to astranb.notebook.widgets", DeprecationWarning,
+                  stacklevel=2)
+    return getattr(importlib.import_module("astranb.notebook.widgets"), name)

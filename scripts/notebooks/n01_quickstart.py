@@ -40,7 +40,7 @@ CELLS = [
         '    "solver",\n'
         "    model=ab.models.tiny(),\n"
         "    algorithm=ab.GRPO(entropy_coef=entropy_coef),\n"
-        "    optimizer=ab.AdamW(lr=lr),\n"
+        "    optimizer=ab.AdamWConfig(lr=lr),\n"
         ")\n"
         'env = ab.environments.load("arithmetic")\n'
         "session.wire(env, solver=policy)\n"

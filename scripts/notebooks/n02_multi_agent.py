@@ -46,9 +46,9 @@ CELLS = [
         "import astranb as ab\n\n"
         "session = ab.Session(run_dir)\n"
         "solver = session.policy(\"solver\", model=ab.models.tiny(),\n"
-        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamW(lr=lr))\n"
+        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamWConfig(lr=lr))\n"
         "verifier = session.policy(\"verifier\", model=ab.models.tiny(),\n"
-        "                          algorithm=ab.GRPO(filter_groups=False), optimizer=ab.AdamW(lr=lr))\n"
+        "                          algorithm=ab.GRPO(filter_groups=False), optimizer=ab.AdamWConfig(lr=lr))\n"
         'env = ab.environments.load("actor_verifier", max_value=max_value)\n'
         "session.wire(env, solver=solver, verifier=verifier)\n"
         "session.wiring"

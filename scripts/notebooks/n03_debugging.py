@@ -36,7 +36,7 @@ CELLS = [
         "import astranb as ab\n\n"
         "session = ab.Session(run_dir)\n"
         "policy = session.policy(\"solver\", model=ab.models.tiny(),\n"
-        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamW(lr=lr))\n"
+        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamWConfig(lr=lr))\n"
         'env = ab.environments.load("arithmetic")\n'
         "session.wire(env, solver=policy)\n"
         "run = session.train(steps=steps, batch_size=batch_size, group_size=group_size,\n"

@@ -65,7 +65,7 @@ CELLS = [
         '    "solver",\n'
         "    model=ab.models.tiny(),\n"
         "    algorithm=ab.GRPO(entropy_coef=0.05),\n"
-        "    optimizer=ab.AdamW(lr=lr),\n"
+        "    optimizer=ab.AdamWConfig(lr=lr),\n"
         ")\n"
         'session.wire(ab.environments.load("arithmetic"), solver=policy)\n'
         "print(session)\n"

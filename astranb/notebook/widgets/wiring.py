@@ -6,7 +6,7 @@ dropdown choices (cheap, nothing trains), then the problems and the graph below 
 A run that is already going keeps the wiring it started with; new wiring applies from the next
 `session.train()`.
 
-    from astranb.widgets import wiring_widget
+    from astranb.notebook.widgets import wiring_widget
     wiring_widget(session)
 """
 
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from ..environments.base import Environment
-from ..wiring import EnvironmentView, graph_html, problems_html
+from ...environments.base import Environment
+from ...wiring import EnvironmentView, graph_html, problems_html
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ...session import Session
 
 __all__ = ["WiringWidget", "wiring_widget"]
 

@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .environments.base import Environment, EpisodeContext
-from .environments.play import play_episode
-from .errors import ReplayError
-from .types import Generation, SamplingParams, Turn
+from ..environments.base import Environment, EpisodeContext
+from ..environments.play import play_episode
+from ..errors import ReplayError
+from ..types import Generation, SamplingParams, Turn
 
 if TYPE_CHECKING:
-    from .policy import Policy
-    from .recorder import Episode
+    from ..policy import Policy
+    from ..recorder import Episode
 
 __all__ = ["ReplayContext", "Replayed", "ReplayError", "replay", "encode"]
 
@@ -162,7 +162,7 @@ async def replay(env: Environment, episode: Episode, edits: Mapping[int, str],
         ReplayError: the episode needs a turn the recording lacks and no policy can sample it.
     """
     ctx = ReplayContext(env, wiring or {}, episode.turns, edits, episode.tokenizers)
-    traj = await play_episode(env, ctx._wiring, dict(episode.sample), context=ctx,
+    traj = await play_episode(env, ctx.wiring, dict(episode.sample), context=ctx,
                               reraise=(ReplayError,))
     calls = tuple({"name": c.name, "args": dict(c.args), "result": c.result, "error": c.error,
                    "position": c.position} for c in traj.tool_calls)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..dashboard import Throttle, _View
+from ..dashboard import Throttle, View
 from ..display import cell_number
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ...run import Run
 
 __all__ = ["LiveDashboard"]
 
@@ -28,7 +28,7 @@ _STATE_COLORS = {"running": "#1f77b4", "finished": "#2ca02c", "stopped": "#7f7f7
                  "failed": "#d62728"}
 
 
-class LiveDashboard(_View):
+class LiveDashboard(View):
     """`run.dashboard()` in JupyterLab: live panels, status and Stop.
 
     Args:

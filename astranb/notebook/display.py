@@ -9,7 +9,7 @@ jupyter_server carries `JPY_SESSION_NAME`, so that is the hint for "a person is 
   (papermill, nbmake, saved notebooks, GitHub previews).
 - ``none``: text only (scripts, logs).
 
-This module imports neither ipywidgets nor plotly; `astranb.widgets` does.
+This module imports neither ipywidgets nor plotly; `astranb.notebook.widgets` does.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@
     dbg.export_html("episode.html")               # one file that steps without a kernel
 
 The steps are each generate turn and each tool call in the order the episode made them, then a
-final "reward" step. `rescore` re-runs the environment's own `episode()` (see astranb.replay:
+final "reward" step. `rescore` re-runs the environment's own `episode()` (see astranb.notebook.replay:
 recorded turns before the edit, the edited text, fresh samples or recorded replays after it;
 tools are called again) and returns a new debugger; this one keeps its steps and edits.
 
-This module is the core and imports neither ipywidgets nor plotly; `astranb.widgets` puts buttons
-on it, `astranb.viewer` renders it as HTML.
+This module is the core and imports neither ipywidgets nor plotly; `astranb.notebook.widgets` puts buttons
+on it, `astranb.notebook.viewer` renders it as HTML.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from typing import Any
 
 from anyio.from_thread import start_blocking_portal
 
-from . import environments, viewer
+from .. import environments
+from ..environments.base import Environment
+from ..environments.play import play_episode
+from ..policy import Policy
+from ..recorder import Episode
+from ..types import jsonable
+from . import viewer
 from .display import cell_number, display_mode, in_kernel, publish
-from .environments.base import Environment
-from .environments.play import play_episode
-from .policy import Policy
-from .recorder import Episode
 from .replay import replay
-from .types import jsonable
 
 __all__ = ["EpisodeDebugger", "Step", "debug"]
 
@@ -279,7 +280,7 @@ class EpisodeDebugger:
 
     def display(self) -> None:
         """Show the debugger in the current cell: a widget in JupyterLab, the HTML viewer
-        headless (papermill, nbmake), the text outside a kernel (see astranb.display)."""
+        headless (papermill, nbmake), the text outside a kernel (see astranb.notebook.display)."""
         self._shown_in = cell_number()
         mode = display_mode()
         if not in_kernel() or mode == "none":

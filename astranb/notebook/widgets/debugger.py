@@ -5,7 +5,7 @@ Every control only calls the core `EpisodeDebugger` methods (`back`, `forward`, 
 "Edit & rescore" replaces the current turn's completion with the editor's text and swaps in the
 re-scored episode (`widget.debugger`); the debugger it started from is left as it was.
 
-    from astranb.widgets import debugger_widget
+    from astranb.notebook.widgets import debugger_widget
     debugger_widget(run.episodes[3].debugger())
 """
 

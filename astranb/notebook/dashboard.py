@@ -1,8 +1,8 @@
 """The run dashboard: its panels, its update throttle, and its headless forms.
 
-`run.dashboard()` picks a form from `astranb.display.display_mode()`:
+`run.dashboard()` picks a form from `astranb.notebook.display.display_mode()`:
 
-- ``widgets``: `astranb.widgets.dashboard.LiveDashboard`, one plotly FigureWidget holding every
+- ``widgets``: `astranb.notebook.widgets.dashboard.LiveDashboard`, one plotly FigureWidget holding every
   panel, a status line and a Stop button, redrawn at most a few times a second.
 - ``static``: an output that shows a one-line progress while the run goes and becomes the same
   panels as a static figure (plotly JSON for JupyterLab, PNG for everything else) when the
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from .display import cell_number, publish
 
 if TYPE_CHECKING:
-    from .run import Run
+    from ..run import Run
 
-__all__ = ["PANELS", "figure", "status_line", "to_png", "Throttle", "StaticDashboard",
+__all__ = ["PANELS", "figure", "status_line", "to_png", "Throttle", "View", "StaticDashboard",
            "TextDashboard", "open_dashboard"]
 
 PANELS: tuple[tuple[str, str, str], ...] = (
@@ -311,7 +311,7 @@ class Throttle:
 
 
 # -- headless forms -----------------------------------------------------------------------------
-class _View:
+class View:
     """What the waiting cell calls on a dashboard: tick() while waiting, finish() at the end."""
 
     def __init__(self, run: Run):
@@ -320,11 +320,11 @@ class _View:
     def figure(self) -> dict[str, Any]:
         """The panels now, as a plotly figure dict."""
         run = self.run
-        return figure(run._recorder.rows, run.policies, run.config.max_staleness, self.status())
+        return figure(run.rows, run.policies, run.config.max_staleness, self.status())
 
     def status(self) -> str:
         run = self.run
-        return status_line(run.status, run._recorder.rows, run.policies, run.config.steps,
+        return status_line(run.status, run.rows, run.policies, run.config.steps,
                            run.error)
 
     def png(self) -> bytes:
@@ -338,7 +338,7 @@ class _View:
         """Called by the waiting cell once the run has ended."""
 
 
-class StaticDashboard(_View):
+class StaticDashboard(View):
     """Headless dashboard: a progress line now, the panels as a static figure at the end."""
 
     def __init__(self, run: Run, interval: float = 5.0):
@@ -381,7 +381,7 @@ class StaticDashboard(_View):
         return f"StaticDashboard({self.status()})"
 
 
-class TextDashboard(_View):
+class TextDashboard(View):
     """No display: one status line when the run ends (scripts, logs)."""
 
     def finish(self) -> None:
@@ -391,7 +391,7 @@ class TextDashboard(_View):
         return f"TextDashboard({self.status()})"
 
 
-def open_dashboard(run: Run, mode: str, interval: float) -> _View:
+def open_dashboard(run: Run, mode: str, interval: float) -> View:
     """The dashboard form for a display mode (see module doc)."""
     if mode == "widgets":
         try:

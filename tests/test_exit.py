@@ -1,0 +1,142 @@
+"""A plain script ends promptly without `session.close()`: the Session's loop thread is stopped at
+interpreter shutdown (astranb/_loopthread.py). Each case runs a real script in a subprocess."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import astranb as ab
+from astranb import _loopthread
+
+EXIT_WITHIN = 10.0  # seconds from the script's last line to the end of its process
+HANG = 120  # a hang fails the test after this long instead of hanging the suite
+
+PRELUDE = """\
+import faulthandler, sys, time
+faulthandler.dump_traceback_later({dump}, exit=True)  # a hang shows where it waits
+import astranb as ab
+
+session = ab.Session("runs")
+policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                        max_batch_size=16)
+session.wire(ab.environments.load("arithmetic"), solver=policy)
+"""
+
+END = """
+print("END", time.time(), flush=True)
+"""
+
+
+def run_script(tmp_path, body: str) -> tuple[float, subprocess.CompletedProcess]:
+    """Run PRELUDE + body + END; return (seconds from END to the process's end, the process)."""
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE.format(dump=HANG - 10) + textwrap.dedent(body) + END)
+    env = {**os.environ, "ASTRANB_DISPLAY": "none", "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=HANG)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"script did not exit within {HANG} s; output:\n{hung.stdout}\n{hung.stderr}")
+    ended = time.time()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit code {proc.returncode}; output:\n{output}"
+    marks = [line for line in proc.stdout.splitlines() if line.startswith("END ")]
+    assert marks, f"the script did not reach its end; output:\n{output}"
+    gap = ended - float(marks[-1].split()[1])
+    print(f"exit {gap:.2f} s after the script's end")
+    return gap, proc
+
+
+def test_trains_waits_and_exits_without_close(tmp_path):
+    gap, proc = run_script(tmp_path, """
+        run = session.train(steps=2, batch_size=8, group_size=4, max_staleness=1)
+        run.wait(progress=False)
+        print("STATUS", run.status)
+    """)
+    assert "STATUS finished" in proc.stdout
+    assert gap < EXIT_WITHIN
+
+
+def test_trains_without_waiting_stops_the_run_and_exits(tmp_path):
+    # far more steps than could finish within EXIT_WITHIN: the exit stops the run
+    gap, proc = run_script(tmp_path, """
+        run = session.train(steps=10_000, batch_size=8, group_size=4, max_staleness=1)
+    """)
+    assert gap < EXIT_WITHIN
+    rows = (tmp_path / "runs" / "run-000" / "metrics.jsonl")
+    if rows.exists():
+        assert len(rows.read_text().splitlines()) < 10_000
+
+
+def test_never_trains_and_exits(tmp_path):
+    gap, _ = run_script(tmp_path, "")
+    assert gap < EXIT_WITHIN
+
+
+def test_closed_explicitly_twice_and_exits(tmp_path):
+    gap, proc = run_script(tmp_path, """
+        run = session.train(steps=1, batch_size=8, group_size=4).wait(progress=False)
+        session.close()
+        session.close()  # idempotent
+        with ab.Session("runs2"):
+            pass
+        print("STATUS", run.status)
+    """)
+    assert "STATUS finished" in proc.stdout
+    assert gap < EXIT_WITHIN
+
+
+def test_exit_hook_runs_before_concurrent_futures_joins_its_workers():
+    """Threading-atexit hooks run last-registered first: ours comes after concurrent.futures'."""
+    import concurrent.futures.thread as cft
+
+    hooks = getattr(threading, "_threading_atexits", None)
+    if hooks is None:
+        pytest.skip("this interpreter has no threading-atexit hooks")
+    _loopthread.track(_Closable())  # registers the hook (once)
+    funcs = [getattr(h, "func", h) for h in hooks]
+    assert _loopthread._close_all in funcs
+    assert funcs.index(_loopthread._close_all) > funcs.index(cft._python_exit)
+    _loopthread._live.clear()
+
+
+def test_hook_holds_sessions_weakly_and_forgets_closed_ones(tmp_path):
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                            max_batch_size=16)
+    session.wire(ab.environments.load("arithmetic"), solver=policy)
+    session.evaluate(n=4)  # starts the loop thread
+    assert session in _loopthread._live.values()
+    session.close()
+    assert session not in _loopthread._live.values()
+    session.close()  # idempotent
+
+    session = ab.Session(tmp_path / "runs")
+    session._loop()
+    key = id(session)
+    assert key in _loopthread._live
+    del session
+    gc.collect()
+    assert key not in _loopthread._live
+
+    closed = _Closable()
+    _loopthread.track(closed)
+    _loopthread._close_all()
+    _loopthread._close_all()
+    assert closed.closed == 1
+
+
+class _Closable:
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+        _loopthread.untrack(self)
