@@ -48,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     rollout.add_argument("--environment", action="append", default=[], metavar="NAME=module:Class",
                          help="also allow this environment class (repeatable)")
     rollout.add_argument("--sglang-url", help="attach to a running SGLang server")
-    trainer.add_argument("--nproc", type=int, default=1, help="processes (FSDP over torchrun if > 1)")
-    trainer.add_argument("--checkpoint-dir", help="checkpoints go here; a restart resumes from them")
-    trainer.add_argument("--checkpoint-every", type=int, default=1, help="steps between checkpoints")
+    trainer.add_argument("--nproc", type=int, default=1,
+                         help="processes (FSDP over torchrun if > 1)")
+    trainer.add_argument("--checkpoint-dir",
+                         help="checkpoints go here; a restart resumes from them")
+    trainer.add_argument("--checkpoint-every", type=int, default=1,
+                         help="steps between checkpoints")
     args = parser.parse_args(argv)
     try:
         if args.command == "run":

@@ -4,12 +4,12 @@ The dataflow (gate, buffers, orchestrator, train loop) is written against these,
 concrete engine, trainer or HTTP client, so the Session can hand it parts that run in this
 process or parts that talk to services, and the simulator parts that cost virtual time:
 
-    Engine        samples completions; takes weight updates while it runs   engines/, remote engines
-    Trainer       one optimizer step per batch; the current weights         training/, remote/trainer
-    Publisher     brings the samplers to the trainer's latest version       weights/publish, remote/pool
-    PolicyHandle  what the dataflow sees of a policy                        policy.Policy
-    RemoteEpisodes  episodes played elsewhere (rollout services)           remote/pool
-    RunRecorder   where rows, events and episodes go                        recorder.Recorder
+    Engine          samples completions; takes new weights as it runs  engines/, remote engines
+    Trainer         one optimizer step per batch; the current weights  training/, remote/trainer
+    Publisher       brings samplers to the trainer's latest version    weights/publish, remote/pool
+    PolicyHandle    what the dataflow sees of a policy                 policy.Policy
+    RemoteEpisodes  episodes played elsewhere (rollout services)       remote/pool
+    RunRecorder     where rows, events and episodes go                 recorder.Recorder
 
 Nothing here imports anything of astranb but `types`.
 """
@@ -72,7 +72,10 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, update: WeightUpdate) -> Future[Any]:
-        """Queue new weights, applied between decode steps; resolves to {"kind", ...} once applied."""
+        """Queue new weights, applied between decode steps.
+
+        Resolves to {"kind", ...} once applied.
+        """
         ...
 
     def close(self) -> None:

@@ -111,14 +111,18 @@ def tiny_parameters(config: dict[str, Any]) -> int:
     """Roughly how many parameters a tiny spec with these overrides builds (no allocation)."""
     c = {**tiny().config, **config}
     hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
-    heads, kv, head_dim = int(c["num_attention_heads"]), int(c["num_key_value_heads"]), int(c["head_dim"])
+    heads, kv = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    head_dim = int(c["head_dim"])
     attention = hidden * head_dim * (2 * heads + 2 * kv)
     mlp = 3 * hidden * int(c["intermediate_size"])
     return layers * (attention + mlp) + (len(TINY_ALPHABET) + 3) * hidden
 
 
 def local(path: str | os.PathLike) -> ModelSpec:
-    """A local Hugging Face model directory (config.json, weights, tokenizer files); read offline."""
+    """A local Hugging Face model directory, read offline.
+
+    The directory holds config.json, the weights and the tokenizer files.
+    """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(

@@ -100,7 +100,8 @@ class Policy:
             "rollouts": self.publisher.where if self.remote else type(self.engine).__name__,
             "trainer": type(self.trainer).__name__,
             "version": self.version,
-            "weights checksum": f"{checksum:016x}" if isinstance(checksum, int) else "not published",
+            "weights checksum": (f"{checksum:016x}" if isinstance(checksum, int)
+                                 else "not published"),
         }
 
     def _repr_html_(self) -> str:

@@ -66,8 +66,8 @@ class Episode:
 
         In JupyterLab the debugger is a widget; under papermill/nbmake it is a self-contained
         HTML viewer saved in the notebook; outside a kernel its text is printed (see
-        `astranb.notebook.display`). Assign the result (`dbg = episode.show()`) to step with methods; as
-        a cell's last expression it is not shown a second time.
+        `astranb.notebook.display`). Assign the result (`dbg = episode.show()`) to step with
+        methods; as a cell's last expression it is not shown a second time.
         """
         debugger = self.debugger()
         debugger.display()
@@ -241,7 +241,8 @@ class Recorder:
                                               environment=environment, tokenizers=tokenizers,
                                               decode=self._decode)
             self._episodes.append(episode)
-            self._episodes_file.write(json.dumps(jsonable(episode.to_json()), allow_nan=False) + "\n")
+            line = json.dumps(jsonable(episode.to_json()), allow_nan=False)
+            self._episodes_file.write(line + "\n")
         self._emit("episode", episode)
         return episode
 

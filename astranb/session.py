@@ -104,7 +104,8 @@ class Session:
             if self._pool is None:
                 raise ValueError("a trainer service needs rollout services too: pass "
                                  "rollout=[url, ...] (`astranb serve rollout` on the GPU hosts)")
-            self._trainer = TrainerClient(trainer, token, transport=transport(trainer) if transport else None)
+            self._trainer = TrainerClient(trainer, token,
+                                          transport=transport(trainer) if transport else None)
             self._pool.trainer_url = self._trainer.url
 
     # -- building --------------------------------------------------------------------------------
@@ -173,7 +174,8 @@ class Session:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
         trainer: RemoteTrainer | LocalTrainer
         if self._trainer is not None:
-            body = {"name": name, "model": spec_to_wire(spec), "algorithm": algorithm_to_dict(algorithm),
+            body = {"name": name, "model": spec_to_wire(spec),
+                    "algorithm": algorithm_to_dict(algorithm),
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
             trainer = RemoteTrainer(self._trainer, body)
             self._loop().call(trainer.create)
@@ -183,8 +185,8 @@ class Session:
                                    dtype=dtype_for(self.device))
             publisher = ServicesPublisher(self._pool, WeightStore(name, full_every=full_every))
         publisher.publish_initial(name, trainer)
-        policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher, spec.tokenizer(),
-                        max_batch_size=max_batch_size, seed=seed)
+        policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
+                        spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
         self.policies[name] = policy
         try:
             self._loop().call(self._pool.prepare)  # every service builds its engine now
@@ -200,7 +202,7 @@ class Session:
         return policy
 
     def add_rollout(self, url: str) -> None:
-        """Use one more rollout service (also while a run goes on: it catches up, then gets work)."""
+        """Use one more rollout service, also during a run (it catches up, then gets work)."""
         if self._pool is None:
             raise ValueError("this session plays episodes in this process; create it with "
                              "Session(..., rollout=[url, ...]) to use rollout services")
@@ -240,7 +242,8 @@ class Session:
             if not isinstance(policy, Policy) or self.policies.get(policy.name) is not policy:
                 raise TypeError(f"role {role!r} must be wired to a policy of this session")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"weight must be a number > 0 (relative sampling weight), got {weight!r}")
+            raise ValueError(f"weight must be a number > 0 (relative sampling weight), "
+                             f"got {weight!r}")
         self._wiring = [(e, w, x) for e, w, x in self._wiring if e is not env]
         self._wiring.append((env, dict(roles), float(weight)))
         return env
@@ -294,7 +297,9 @@ class Session:
         self._runs.append(run)
         return run
 
-    def evaluate(self, env: Environment | None = None, n: int = 128, seed: int = 10_000) -> dict[str, float]:
+    def evaluate(
+        self, env: Environment | None = None, n: int = 128, seed: int = 10_000
+    ) -> dict[str, float]:
         """Mean reward per role of `n` episodes with the current weights (nothing is trained).
 
         Args:
@@ -356,7 +361,8 @@ class Session:
     def _repr_html_(self) -> str:
         from .notebook.html import card, table
 
-        where = "embedded" if self._pool is None else f"{len(self._pool.members)} rollout service(s)"
+        where = ("embedded" if self._pool is None
+                 else f"{len(self._pool.members)} rollout service(s)")
         if self._trainer is not None:
             where += ", trainer service"
         policies = table(
@@ -486,7 +492,8 @@ class Session:
             tg.cancel_scope.cancel()
         ok = [t for t in results if t.ok]
         if not ok:
-            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n{results[0].error}")
+            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n"
+                               f"{results[0].error}")
         result = {r: sum(t.rewards[r] for t in ok) / len(ok) for r in env.roles}
         if len(ok) < n:
             result["failed_episodes"] = float(n - len(ok))
@@ -500,7 +507,8 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
     cancelled = anyio.get_cancelled_exc_class()
     leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)] or list(_leaves(group))
     if len({type(e) for e in leaves}) == 1:
-        if leaves[0].__context__ is not None and isinstance(leaves[0].__context__, BaseExceptionGroup):
+        context = leaves[0].__context__
+        if context is not None and isinstance(context, BaseExceptionGroup):
             leaves[0].__context__ = None
         return leaves[0]
     details = "\n".join("".join(traceback.format_exception(e)) for e in leaves)

@@ -138,8 +138,10 @@ class Trajectory:
     def __repr__(self) -> str:
         def turn(t: Turn) -> str:
             versions = sorted(set(t.generation.versions))
-            span = f"v{versions[0]}" + (f"-{versions[-1]}" if len(versions) > 1 else "") if versions else "v?"
-            return f"{t.role}: {t.generation.text!r} ({len(t.generation.completion_ids)} tokens, {span})"
+            span = (f"v{versions[0]}" + (f"-{versions[-1]}" if len(versions) > 1 else "")
+                    if versions else "v?")
+            tokens = len(t.generation.completion_ids)
+            return f"{t.role}: {t.generation.text!r} ({tokens} tokens, {span})"
 
         calls = f", {len(self.tool_calls)} tool call(s)" if self.tool_calls else ""
         outcome = f"rewards={dict(self.rewards)}" if self.ok else "FAILED"

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 THRESHOLDS = (0.3, 0.5, 0.6)
 
 
-def train(mode: str, staleness: int, args) -> "object":
+def train(mode: str, staleness: int, args) -> object:
     with ab.Session(Path(tempfile.mkdtemp(prefix=f"astranb-{mode}-"))) as session:
         policy = session.policy(
             "solver", model=ab.models.tiny(), algorithm=ab.GRPO(entropy_coef=0.05),

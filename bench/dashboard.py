@@ -26,7 +26,8 @@ def train(interval: float | None, args) -> tuple[float, int, int]:
     """Seconds per step, redraws, bytes of the last figure (0 without a dashboard)."""
     with ab.Session(Path(tempfile.mkdtemp(prefix="astranb-bench-dash-"))) as session:
         policy = session.policy("solver", model=ab.models.tiny(),
-                                algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamWConfig(lr=1e-3))
+                                algorithm=ab.GRPO(entropy_coef=0.05),
+                                optimizer=ab.AdamWConfig(lr=1e-3))
         session.wire(ab.environments.load("arithmetic"), solver=policy)
         run = session.train(steps=args.steps, batch_size=args.batch_size, group_size=8,
                             max_staleness=2)

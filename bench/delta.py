@@ -1,4 +1,4 @@
-"""Benchmark: bit-exact weight deltas (astranb.weights.codec): size against AstraFlow's format, speed.
+"""Benchmark: bit-exact weight deltas (astranb.weights.codec): size vs AstraFlow's format, speed.
 
 Three parts in one run, every payload decoded and checked bit for bit (a wrong decode stops the
 run with an error and a non-zero exit status):
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import math
 import os
@@ -102,7 +103,9 @@ def bits16(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
-def verify(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], want_sum: int, what: str) -> None:
+def verify(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], want_sum: int, what: str
+) -> None:
     """Raise BenchFailure unless `got` equals `want` bit for bit (checksum and raw bits)."""
     if set(got) != set(want):
         raise BenchFailure(f"{what}: decoded names differ from the encoded ones")
@@ -145,7 +148,9 @@ def synthetic_old(layout, seed: int) -> torch.Tensor:
     return (torch.randn(total, generator=gen) * 0.02).to(torch.bfloat16)
 
 
-def synthetic_new(old_flat: torch.Tensor, p: float, seed: int, random_bits: bool = False) -> tuple[torch.Tensor, int]:
+def synthetic_new(
+    old_flat: torch.Tensor, p: float, seed: int, random_bits: bool = False
+) -> tuple[torch.Tensor, int]:
     """old with each element changed with probability p; returns (new, changed count)."""
     n = old_flat.numel()
     rng = np.random.default_rng(seed)
@@ -205,7 +210,8 @@ def run_synthetic(args, layout) -> tuple[str, dict]:
             at_1pct = row
         del new_flat, new
     lines = [
-        f"{len(layout)} bf16 tensors ({', '.join('x'.join(map(str, s)) for s in layout.values())}), "
+        f"{len(layout)} bf16 tensors "
+        f"({', '.join('x'.join(map(str, s)) for s in layout.values())}), "
         f"N = {total:,} elements, full bf16 = {fmt_bytes(2 * total)}; old = N(0, 0.02); changes at "
         "independent uniform positions, +-1..+-4 added to the bf16 bits (last row: random bit "
         "patterns). Every payload decoded and applied, checked bit for bit.",
@@ -235,6 +241,11 @@ def run_synthetic(args, layout) -> tuple[str, dict]:
 
 
 # -- B. real trace ---------------------------------------------------------------------------------
+def bf16_weights(model) -> dict[str, torch.Tensor]:
+    """The weights as published: the model's state_dict cast to bf16."""
+    return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
+
+
 def run_trace(args) -> tuple[str, bool]:
     torch.set_num_threads(2)
     config = dict(hidden_size=256, num_layers=2, num_heads=4) if args.quick else TRACE_MODEL
@@ -246,8 +257,7 @@ def run_trace(args) -> tuple[str, bool]:
         vocab = model.config.vocab_size
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         gen = torch.Generator().manual_seed(args.seed)  # same batches for every lr
-        publish = lambda: {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}  # noqa: E731
-        prev = publish()
+        prev = bf16_weights(model)
         steps, train_s, codec_s = [], 0.0, 0.0
         for step in range(1, args.steps + 1):
             start = time.perf_counter()
@@ -256,17 +266,19 @@ def run_trace(args) -> tuple[str, bool]:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            cur = publish()
+            cur = bf16_weights(model)
             train_s += time.perf_counter() - start
             start = time.perf_counter()
             payload = codec.encode(prev, cur, policy="trace", base_version=step - 1, version=step)
             header = codec.peek(payload)
-            verify(codec.decode(prev, payload), cur, codec.checksum(cur), f"trace lr={lr:g} step {step}")
+            verify(codec.decode(prev, payload), cur, codec.checksum(cur),
+                   f"trace lr={lr:g} step {step}")
             codec_s += time.perf_counter() - start
             full = header.model_bytes
             steps.append(dict(step=step, loss=float(loss.detach()), changed=header.changed,
                               elements=header.elements, ours=len(payload),
-                              af=astraflow_bytes(header.changed), pos=header.section_bytes("positions"),
+                              af=astraflow_bytes(header.changed),
+                              pos=header.section_bytes("positions"),
                               val=header.section_bytes("values")))
             prev = cur
         results[lr] = dict(steps=steps, train_s=train_s, codec_s=codec_s)
@@ -277,11 +289,13 @@ def run_trace(args) -> tuple[str, bool]:
         f"tiny({', '.join(f'{k}={v}' for k, v in config.items())}): "
         f"**{n_params:,} parameters** ({elements:,} elements in the bf16 state_dict, which lists "
         f"the tied embedding twice), full bf16 = {fmt_bytes(full)}. AdamW (betas 0.9/0.999, "
-        f"weight decay 0.01) on fp32 master weights, batch {args.batch} x {args.seq} random tokens, "
-        f"{args.steps} steps per lr, same init and batches; each step's bf16 weights are "
+        f"weight decay 0.01) on fp32 master weights, batch {args.batch} x {args.seq} random "
+        f"tokens, {args.steps} steps per lr, same init and batches; each step's bf16 weights are "
         "delta-encoded against the previous step's and decoded, checked bit for bit.",
         "",
-        "| step | " + " | ".join(f"lr {lr:g}: changed | ours | AstraFlow | ours/AF" for lr in TRACE_LRS) + " |",
+        "| step | "
+        + " | ".join(f"lr {lr:g}: changed | ours | AstraFlow | ours/AF" for lr in TRACE_LRS)
+        + " |",
         "|---:|" + "---:|---:|---:|---:|" * len(TRACE_LRS),
     ]
     for i in range(args.steps):
@@ -302,11 +316,14 @@ def run_trace(args) -> tuple[str, bool]:
         ok = all(r <= TARGET_VS_ASTRAFLOW for r in ratios)
         all_ok &= ok
         lines.append(
-            f"- lr {lr:g}: changed {min(fracs) * 100:.3f}%..{max(fracs) * 100:.3f}%; ours/AstraFlow "
-            f"min **{min(ratios):.3f}**, max **{max(ratios):.3f}** (target <= {TARGET_VS_ASTRAFLOW} at "
-            f"every step: {mark(ok)}); positions/bound {min(bounds):.3f}..{max(bounds):.3f}; values "
-            f"{min(vals):.2f}..{max(vals):.2f} B/change; loss {st[0]['loss']:.3f} -> {st[-1]['loss']:.3f}; "
-            f"train {results[lr]['train_s']:.1f}s, encode+decode+checks {results[lr]['codec_s']:.1f}s"
+            f"- lr {lr:g}: changed {min(fracs) * 100:.3f}%..{max(fracs) * 100:.3f}%; "
+            f"ours/AstraFlow min **{min(ratios):.3f}**, max **{max(ratios):.3f}** "
+            f"(target <= {TARGET_VS_ASTRAFLOW} at every step: {mark(ok)}); "
+            f"positions/bound {min(bounds):.3f}..{max(bounds):.3f}; "
+            f"values {min(vals):.2f}..{max(vals):.2f} B/change; "
+            f"loss {st[0]['loss']:.3f} -> {st[-1]['loss']:.3f}; "
+            f"train {results[lr]['train_s']:.1f}s, "
+            f"encode+decode+checks {results[lr]['codec_s']:.1f}s"
         )
     return "\n".join(lines), all_ok
 
@@ -327,7 +344,7 @@ def profile_call(fn) -> tuple[float, list[tuple[str, float, float]]]:
     prof.disable()
     stats = pstats.Stats(prof)
     rows = []
-    for (file, line, func), (_, _, tottime, cumtime, _) in stats.stats.items():
+    for (file, _line, func), (_, _, tottime, cumtime, _) in stats.stats.items():
         if file == "~":  # a C function: "<method 'nonzero' of 'numpy.ndarray' objects>"
             m = re.fullmatch(r"<method '(\w+)' of '([\w.]+)' objects>", func)
             label = f"{m[2]}.{m[1]}" if m else func.replace("<built-in method ", "").rstrip(">")
@@ -345,9 +362,11 @@ def primitives(old, new, repeats: int) -> list[tuple[str, float]]:
     masks = {k: ob[k] != nb[k] for k in ob}
     timed = [
         ("old_bits != new_bits (all tensors)", lambda _: [ob[k] != nb[k] for k in ob]),
-        ("np.flatnonzero(mask) (all tensors)", lambda _: [np.flatnonzero(m) for m in masks.values()]),
+        ("np.flatnonzero(mask) (all tensors)",
+         lambda _: [np.flatnonzero(m) for m in masks.values()]),
         ("checksum() of one side (xxh3)", lambda _: codec.checksum(old)),
-        ("clone() of every tensor (torch, 1 thread)", lambda _: {k: v.clone() for k, v in old.items()}),
+        ("clone() of every tensor (torch, 1 thread)",
+         lambda _: {k: v.clone() for k, v in old.items()}),
     ]
     return [(label, best_of(repeats, fn)[0]) for label, fn in timed]
 
@@ -383,7 +402,8 @@ def run_throughput(args, layout, old_flat: torch.Tensor) -> tuple[str, bool]:
     del decoded
 
     lines = [
-        f"1% case (N = {old_flat.numel():,}, {changed:,} changed, model bytes {fmt_bytes(model_bytes)}, "
+        f"1% case (N = {old_flat.numel():,}, {changed:,} changed, "
+        f"model bytes {fmt_bytes(model_bytes)}, "
         f"payload {fmt_bytes(len(payload))}), torch.set_num_threads(1), best of {args.repeats}; "
         f"memory copy (np.copyto, 200 MB, best of {args.repeats}): **{copy_gbps:.2f} GB/s**",
         "",
@@ -410,7 +430,7 @@ def run_throughput(args, layout, old_flat: torch.Tensor) -> tuple[str, bool]:
               "function itself, not in what it calls):", ""]
     receiver = fresh_receiver()
     calls = (("encode", lambda: codec.encode(old, new, policy="bench", base_checksum=old_sum)),
-             ("apply", lambda: codec.apply(receiver, payload, base_checksum=old_sum)),
+             ("apply", functools.partial(codec.apply, receiver, payload, base_checksum=old_sum)),
              ("decode", lambda: codec.decode(old, payload)))
     for name, fn in calls:
         total, rows = profile_call(fn)
@@ -419,7 +439,7 @@ def run_throughput(args, layout, old_flat: torch.Tensor) -> tuple[str, bool]:
             lines.append(f"  - {label}: self {tottime:.3f}s ({tottime / total * 100:.0f}%), "
                          f"cumulative {cumtime:.3f}s")
     verify(receiver, new, new_sum, "profiled apply")
-    del receiver
+    del receiver, calls  # free the receiver's copy of the weights
     lines += ["", "Element-wise passes over all tensors, timed alone (best of "
               f"{args.repeats}; {fmt_bytes(model_bytes)} per side):", ""]
     for label, secs in primitives(old, new, args.repeats):
@@ -443,8 +463,10 @@ def write_results(body: str, command: str, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1/16-size tensors, small model, 4 steps")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per lr (default 20)")
+    parser.add_argument("--quick", action="store_true",
+                        help="1/16-size tensors, small model, 4 steps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per lr (default 20)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats (best counts)")
@@ -475,7 +497,8 @@ def main() -> None:
     verdict = (f"Targets: synthetic 1% {mark(info['ok'])}, trace every step {mark(ok_b)}, "
                f"throughput {mark(ok_c)}. All decodes bit-exact.")
     body = "\n\n".join([
-        f"2 shared cores, load average before the run {', '.join(f'{x:.2f}' for x in load_before)}; "
+        "2 shared cores, load average before the run "
+        f"{', '.join(f'{x:.2f}' for x in load_before)}; "
         f"whole run {elapsed:.0f}s.",
         "### A. Synthetic bf16 deltas\n\n" + table_a,
         "### B. Real training trace\n\n" + table_b,

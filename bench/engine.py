@@ -72,7 +72,8 @@ def run_engine(engine: HFEngine, requests: list[GenerationRequest]) -> tuple[int
     start = time.perf_counter()
     gens = engine.generate_many(requests)
     seconds = time.perf_counter() - start
-    assert all(len(g.completion_ids) == r.sampling.max_new_tokens for g, r in zip(gens, requests))
+    assert all(len(g.completion_ids) == r.sampling.max_new_tokens
+               for g, r in zip(gens, requests, strict=True))
     return sum(len(g.completion_ids) for g in gens), seconds
 
 

@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+from astranb_actor_verifier import early_late, role_rewards
 
 import astranb as ab
 from astranb.dataflow.batcher import build_batch, has_signal_for, policy_reward  # internals
 from astranb.dataflow.buffer import Group  # internal
-from astranb_actor_verifier import early_late, role_rewards
 
 ROLES = ("solver", "verifier")
 
@@ -165,7 +165,8 @@ def useful(group: Group, policy: ab.Policy) -> bool:
     """astranb's rule (Orchestrator._deliver): two scored episodes, and reward spread if the
     policy's algorithm filters groups."""
     scored = sum(policy_reward(t, policy.name) is not None for t in group.trajectories)
-    return scored >= 2 and (not policy.algorithm.filter_groups or has_signal_for(group, policy.name))
+    return scored >= 2 and (not policy.algorithm.filter_groups
+                            or has_signal_for(group, policy.name))
 
 
 def _pad(policy: ab.Policy) -> int:
@@ -182,7 +183,8 @@ def report(args, fast: dict, sync: dict) -> None:
     train = sum(ph.train.values())
     print(f"workload: actor_verifier(max_value={args.max_value}), 2 tiny policies, {steps} steps "
           f"of batch {args.batch_size} (groups of 8), lr {args.lr}, {os.cpu_count()} cores, "
-          f"solver groups {'all kept' if args.fixed_work else 'filtered (no reward spread: skipped)'}")
+          "solver groups "
+          f"{'all kept' if args.fixed_work else 'filtered (no reward spread: skipped)'}")
     print(f"{'arm':28} {'s/step':>7} {'episodes':>9} {'solver early->late':>19} "
           f"{'verifier early->late':>21} {'eval solver':>11} {'eval verifier':>13}")
     for name, arm in ((f"astranb async (s={args.max_staleness})", fast),

@@ -65,7 +65,8 @@ def stop(*procs: subprocess.Popen) -> None:
 # -- A. episodes per second ---------------------------------------------------------------------
 
 def episodes_per_second(episodes: int, chunk: int) -> dict[str, float]:
-    procs = [start("serve", "rollout", "--engine", "instant", "--max-inflight", "8192") for _ in range(2)]
+    procs = [start("serve", "rollout", "--engine", "instant", "--max-inflight", "8192")
+             for _ in range(2)]
     try:
         with ab.Session(ROOT / "runs" / "bench-services", rollout=[u for _, u in procs]) as session:
             policy = session.policy("solver", ab.models.tiny(), engine="instant")
@@ -133,10 +134,11 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     rollout, r_url = start("serve", "rollout", "--engine", "instant")
     rows, pulls = [], []
     try:
-        with ab.Session(ROOT / "runs" / "bench-services", rollout=[r_url], trainer=t_url) as session:
+        with ab.Session(ROOT / "runs" / "bench-services", rollout=[r_url],
+                        trainer=t_url) as session:
             # full_every=0: every version travels as a delta (the rollout service holds v-1)
-            policy = session.policy("solver", spec, engine="instant", optimizer=ab.AdamWConfig(lr=1e-5),
-                                    full_every=0)
+            policy = session.policy("solver", spec, engine="instant",
+                                    optimizer=ab.AdamWConfig(lr=1e-5), full_every=0)
             session.wire(ab.environments.load("arithmetic"), solver=policy)
             held = asyncio.run(_pull(t_url, None))  # version 0, full
             for _ in range(steps):
@@ -170,7 +172,8 @@ async def _pull(url: str, held: dict | None) -> dict:
             tensors = {k: v.clone() for k, v in held["tensors"].items()}
             fetched_copy = time.perf_counter()
             codec.apply(tensors, payload, base_checksum=held["checksum"])
-            fetched += time.perf_counter() - fetched_copy  # the copy is the benchmark's, not the codec's
+            # the copy is the benchmark's, not the codec's
+            fetched += time.perf_counter() - fetched_copy
         done = time.perf_counter()
     finally:
         await client.close()
@@ -200,11 +203,12 @@ def main() -> None:
     print(f"   {b['parameters']:,} parameters, {model_bytes / 1e6:.1f} MB in bf16")
     print("   version  changed  | full: bytes    http s  decode s | delta: bytes   http s  apply s"
           " | delta/full bytes  seconds | service notify s (kind)")
-    for row, (full, delta) in zip(b["rows"], b["pulls"]):
+    for row, (full, delta) in zip(b["rows"], b["pulls"], strict=True):
         f_s, d_s = full["http_s"] + full["apply_s"], delta["http_s"] + delta["apply_s"]
         print(f"   {full['version']:7d}  {delta['changed']:7.2%}  | {full['bytes']:11,d} "
               f"{full['http_s']:7.3f} {full['apply_s']:8.3f} | {delta['bytes']:11,d} "
-              f"{delta['http_s']:7.3f} {delta['apply_s']:7.3f} | {delta['bytes'] / full['bytes']:16.3f} "
+              f"{delta['http_s']:7.3f} {delta['apply_s']:7.3f} | "
+              f"{delta['bytes'] / full['bytes']:16.3f} "
               f"{d_s / f_s:8.2f} | {row['transfer_seconds']:.3f} ({row['transfer_kind']})")
 
 

@@ -18,8 +18,8 @@ import asyncio
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -126,7 +126,8 @@ class FakeSGLang:
                 "completion_tokens": len(tokens), "cached_tokens": 0,
                 "weight_version": self.weight_version}
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, tokens)]
+            meta["output_token_logprobs"] = [[lp, t, None]
+                                             for lp, t in zip(logprobs, tokens, strict=True)]
         return JSONResponse({"text": "", "output_ids": tokens, "meta_info": meta})
 
     async def abort_request(self, request: Request) -> Response:

@@ -118,7 +118,8 @@ def processes(*procs: Process):
 
 def rollout_process(tmp: Path, name: str, port: int | None = None, *extra: str) -> Process:
     port = port or free_port()
-    envs = [arg for name, target in TEST_ENVS.items() for arg in ("--environment", f"{name}={target}")]
+    envs = [arg for name, target in TEST_ENVS.items()
+            for arg in ("--environment", f"{name}={target}")]
     args = ["serve", "rollout", *envs, *extra]
     return Process(args, port, tmp / f"{name}.log")
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from astranb_actor_verifier import (
+    ActorVerifier,
+    early_late,
+    retry_prompt,
+    role_rewards,
+    verdict,
+    verifier_prompt,
+)
 
 import astranb as ab
-from astranb.weights.publish import StatePublisher
 from astranb.dataflow.batcher import build_batch
 from astranb.dataflow.buffer import Group
-from astranb_actor_verifier import (ActorVerifier, early_late, retry_prompt, role_rewards, verdict,
-                                    verifier_prompt)
+from astranb.weights.publish import StatePublisher
 
 SAMPLE = {"prompt": "3+4=", "answer": 7}
 
@@ -42,7 +48,7 @@ def play(env, **script):
     [
         (["7"], ["y"], {"solver": 1.0, "verifier": 1.0}),           # right, approved
         (["7", "7"], ["n"], {"solver": 1.0, "verifier": 0.0}),      # right, rejected, right again
-        (["7", "5"], ["nno"], {"solver": 0.0, "verifier": 0.0}),    # right, rejected, talked out of it
+        (["7", "5"], ["nno"], {"solver": 0.0, "verifier": 0.0}),    # right, rejected, gave in
         (["5"], ["y"], {"solver": 0.0, "verifier": 0.0}),           # wrong, approved: no retry
         (["5", "7"], ["n"], {"solver": 1.0, "verifier": 1.0}),      # wrong, rejected, fixed
         (["5", "6"], ["n+2"], {"solver": 0.0, "verifier": 1.0}),    # wrong, rejected, still wrong
@@ -58,9 +64,10 @@ def test_rewards_on_every_path(solver, verifier, rewards):
 
 def test_answers_are_read_like_arithmetic():
     # "7!" is 7 (a digit, then something else); "71" is not 7
-    assert play(ActorVerifier(), solver=["7!"], verifier=["y"])[0] == {"solver": 1.0, "verifier": 1.0}
-    assert play(ActorVerifier(), solver=["71"], verifier=["y"])[0] == {"solver": 0.0, "verifier": 0.0}
-    assert play(ActorVerifier(), solver=["71", "7"], verifier=["n"])[0] == {"solver": 1.0, "verifier": 1.0}
+    both, neither = {"solver": 1.0, "verifier": 1.0}, {"solver": 0.0, "verifier": 0.0}
+    assert play(ActorVerifier(), solver=["7!"], verifier=["y"])[0] == both
+    assert play(ActorVerifier(), solver=["71"], verifier=["y"])[0] == neither
+    assert play(ActorVerifier(), solver=["71", "7"], verifier=["n"])[0] == both
 
 
 def test_prompts_each_role_sees():
@@ -84,12 +91,14 @@ def test_without_retry_first_answer_is_final():
 
 def test_samples_are_small_seeded_sums():
     env = ActorVerifier()
-    problems = [s for s, _ in zip(env.samples(seed=5), range(300))]
-    assert problems[:20] == [s for s, _ in zip(ActorVerifier().samples(seed=5), range(20))]
+    problems = [s for s, _ in zip(env.samples(seed=5), range(300), strict=False)]
+    assert problems[:20] == [s for s, _ in zip(ActorVerifier().samples(seed=5), range(20),
+                                               strict=False)]
     for s in problems:
         a, op, b, eq = s["prompt"]
         assert op == "+" and eq == "=" and int(a) + int(b) == s["answer"] <= 9
-    small = [s["answer"] for s, _ in zip(ActorVerifier(max_value=3).samples(0), range(50))]
+    small = [s["answer"] for s, _ in zip(ActorVerifier(max_value=3).samples(0), range(50),
+                                         strict=False)]
     assert max(small) <= 3
 
 
@@ -123,8 +132,8 @@ class ScriptedEngine:
 
     async def generate(self, request):
         ids = tuple(self.tokenizer.encode(self.texts.pop(0)))
-        return ab.Generation(request.prompt_ids, ids, (-1.0,) * len(ids), (self.version,) * len(ids),
-                             "stop", text=self.tokenizer.decode(ids))
+        return ab.Generation(request.prompt_ids, ids, (-1.0,) * len(ids),
+                             (self.version,) * len(ids), "stop", text=self.tokenizer.decode(ids))
 
 
 def scripted_policy(name, texts, version):
@@ -165,7 +174,8 @@ def test_turns_roles_and_credit_assignment():
 def test_role_rewards_and_early_late():
     def episode(index, solver_version, verifier_version, rewards):
         turns = ({"role": "solver", "policy": "alice", "versions": [solver_version]},
-                 {"role": "verifier", "policy": "bob", "versions": [verifier_version, verifier_version + 1]})
+                 {"role": "verifier", "policy": "bob",
+                  "versions": [verifier_version, verifier_version + 1]})
         return ab.Episode(index, 0, SAMPLE, turns, rewards, None, 0)
 
     failed = ab.Episode(9, 0, SAMPLE, (), {}, "Traceback ...", 0)

@@ -381,8 +381,10 @@ def test_m2po_mask_matches_brute_force(data, threshold, only_violating):
     trained = [d[1] for d in data]
     adv = [d[2] for d in data]
     m2 = [float(x) ** 2 for x in log_ratio.tolist()]
-    violating = [(a > 0 and x > 0) or (a < 0 and x < 0) for x, a in zip(log_ratio.tolist(), adv)]
-    candidate = [tr and (v or not only_violating) for tr, v in zip(trained, violating)]
+    violating = [(a > 0 and x > 0) or (a < 0 and x < 0)
+                 for x, a in zip(log_ratio.tolist(), adv, strict=True)]
+    candidate = [tr and (v or not only_violating)
+                 for tr, v in zip(trained, violating, strict=True)]
     expected, gaps = _reference_kept(m2, trained, candidate, threshold)
     assume(all(g > 1e-9 for g in gaps))  # skip float ties with the bound itself
 

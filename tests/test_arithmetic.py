@@ -3,9 +3,9 @@
 import random
 
 import pytest
+from astranb_arithmetic import Arithmetic, leading_integer
 
 import astranb as ab
-from astranb_arithmetic import Arithmetic, leading_integer
 
 
 def test_loads_by_name():
@@ -16,7 +16,7 @@ def test_loads_by_name():
 
 def test_problems_have_single_digit_answers_that_are_correct():
     env = Arithmetic()
-    for sample, _ in zip(env.samples(seed=1), range(200)):
+    for sample, _ in zip(env.samples(seed=1), range(200), strict=False):
         a, op, b = sample["prompt"][0], sample["prompt"][1], sample["prompt"][2]
         expected = int(a) + int(b) if op == "+" else int(a) - int(b)
         assert sample["answer"] == expected and 0 <= expected <= 9
@@ -24,8 +24,8 @@ def test_problems_have_single_digit_answers_that_are_correct():
 
 
 def test_same_seed_same_problems():
-    a = [s["prompt"] for s, _ in zip(Arithmetic().samples(3), range(20))]
-    b = [s["prompt"] for s, _ in zip(Arithmetic().samples(3), range(20))]
+    a = [s["prompt"] for s, _ in zip(Arithmetic().samples(3), range(20), strict=False)]
+    b = [s["prompt"] for s, _ in zip(Arithmetic().samples(3), range(20), strict=False)]
     assert a == b
 
 

@@ -30,7 +30,8 @@ def editable_paths() -> dict[str, str]:
 
 def test_requirements_install_the_package_with_its_notebook_extra():
     assert ".[notebook]" in editable_paths()
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     names = {re.split(r"[<>=\[ ]", d)[0] for d in extras["notebook"]}
     assert {"ipykernel", "ipywidgets", "papermill", "nbconvert", "matplotlib"} <= names
 

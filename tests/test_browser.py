@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("ASTRANB_ARTIFACTS", ROOT / "test-artifacts"))
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
@@ -90,7 +90,8 @@ def jupyterlab(tmp_path):
             if server.poll() is not None or time.monotonic() > deadline:
                 log.close()
                 os.killpg(server.pid, signal.SIGKILL) if server.poll() is None else None
-                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()[-3000:])
+                log_text = (tmp_path / "jupyterlab.log").read_text()
+                pytest.fail("JupyterLab did not start:\n" + log_text[-3000:])
             time.sleep(0.5)
     try:
         yield f"{base}/lab/tree/{notebook.name}?reset&token={token}"
@@ -140,20 +141,25 @@ def test_quickstart_dashboard_in_jupyterlab(chromium, jupyterlab, tmp_path):
             status = _status(page)
             assert status.startswith("running"), status
             # every reward point drawn: the line's path has as many vertices as steps (or more)
-            paths = page.locator(".astranb-dashboard .js-plotly-plot .scatterlayer .trace path.js-line")
-            drawn = [d for d in (paths.nth(i).get_attribute("d") for i in range(paths.count())) if d]
+            paths = page.locator(".astranb-dashboard .js-plotly-plot .scatterlayer .trace "
+                                 "path.js-line")
+            drawn = [d for d in (paths.nth(i).get_attribute("d") for i in range(paths.count()))
+                     if d]
             assert drawn, "the dashboard's plots hold no lines"
             assert max(d.count("L") for d in drawn) >= 2
             time.sleep(1.5)  # let the next redraw land before the screenshot
-            page.locator(".astranb-dashboard").screenshot(path=str(ARTIFACTS / "browser_dashboard.png"))
+            page.locator(".astranb-dashboard").screenshot(
+                path=str(ARTIFACTS / "browser_dashboard.png"))
 
             # Stop stops the run; the notebook's remaining cells then run to the end
             page.locator(".astranb-dashboard button", has_text="Stop").click()
-            page.locator(".astranb-dashboard .astranb-status", has_text="stopped").wait_for(timeout=60_000)
+            page.locator(".astranb-dashboard .astranb-status",
+                         has_text="stopped").wait_for(timeout=60_000)
             stopped_at = _steps(_status(page))
             assert 3 <= stopped_at < 5000
             page.get_by_text("random-policy baseline reward").first.wait_for(timeout=10_000)
-            page.locator(".jp-OutputArea-output", has_text="'final_eval'").first.wait_for(timeout=180_000)
+            page.locator(".jp-OutputArea-output",
+                         has_text="'final_eval'").first.wait_for(timeout=180_000)
             assert _steps(_status(page)) == stopped_at
             page.screenshot(path=str(ARTIFACTS / "browser_notebook.png"), full_page=True)
         except Exception:
@@ -166,8 +172,9 @@ def test_quickstart_dashboard_in_jupyterlab(chromium, jupyterlab, tmp_path):
 def test_exported_episode_steps_in_a_browser_without_a_kernel(chromium, tmp_path):
     """The debugger's HTML export opens from a file, makes no request, and steps with the
     buttons and the arrow keys."""
-    import astranb as ab
     from playwright.sync_api import sync_playwright
+
+    import astranb as ab
     from tests.envs import ToolBetween
     from tests.test_debugger import SAMPLE, scripted
 

@@ -27,7 +27,8 @@ def write_notebook(path: Path, *cells, parameters: str | None = None) -> Path:
         nb_cells.append(new_code_cell(parameters, metadata={"tags": ["parameters"]}))
     nb_cells += [new_code_cell(source) for source in cells]
     nb = new_notebook(cells=nb_cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     nbformat.write(nb, path)
     return path
 
@@ -73,6 +74,7 @@ def test_values_are_read_like_papermill_does():
     assert parse_value("../runs/x") == "../runs/x"
 
 
+@pytest.mark.slow  # executes a notebook end to end
 def test_parameters_are_applied_and_both_files_written(tmp_path):
     nb = write_notebook(
         tmp_path / "calc.ipynb",
@@ -82,7 +84,8 @@ def test_parameters_are_applied_and_both_files_written(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-m", "astranb.cli", "run", str(nb), "-p", "n", "7", "-p", "word", "hello",
-         "-p", "flag", "True", "-p", "rate", "1e-3", "-p", "nothing", "None", "-o", str(tmp_path / "out")],
+         "-p", "flag", "True", "-p", "rate", "1e-3", "-p", "nothing", "None",
+         "-o", str(tmp_path / "out")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170,
     )
     assert done.returncode == 0, done.stderr

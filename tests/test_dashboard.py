@@ -11,8 +11,16 @@ import warnings
 import pytest
 
 import astranb as ab
-from astranb.notebook.dashboard import (PANELS, StaticDashboard, TextDashboard, Throttle, figure,
-                               open_dashboard, status_line, to_png)
+from astranb.notebook.dashboard import (
+    PANELS,
+    StaticDashboard,
+    TextDashboard,
+    Throttle,
+    figure,
+    open_dashboard,
+    status_line,
+    to_png,
+)
 from tests.envs import CountA
 
 
@@ -61,7 +69,8 @@ def test_figure_structure_is_stable_before_and_after_data():
     empty = figure([], ["a", "b"], max_staleness=1)
     full = figure([row("a", 0), row("b", 0), row("a", 1)], ["a", "b"], max_staleness=1)
     assert [t["name"] for t in empty["data"]] == [t["name"] for t in full["data"]]
-    assert {t["xaxis"] for t in full["data"]} == {"x"} | {f"x{i}" for i in range(2, len(PANELS) + 1)}
+    axes = {"x"} | {f"x{i}" for i in range(2, len(PANELS) + 1)}
+    assert {t["xaxis"] for t in full["data"]} == axes
     assert all(t["x"] == [] for t in empty["data"] if t["name"] not in ("bound", "a", "b"))
 
 
@@ -104,7 +113,7 @@ def test_throttle_bounds_renders_while_pokes_stream_fast():
     throttle.close()
     assert pokes > 1000
     assert 3 <= len(renders) <= 1.3 / 0.1 + 2
-    gaps = [b - a for a, b in zip(renders, renders[1:])]
+    gaps = [b - a for a, b in zip(renders, renders[1:], strict=False)]
     assert min(gaps) >= 0.1 * 0.9
     assert renders[-1] > start + 0.9  # the final state was drawn after the stream ended
     assert not errors and not throttle.alive

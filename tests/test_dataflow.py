@@ -24,7 +24,7 @@ def traj(group: int, reward: float, versions=(0,), prompt=(5, 6), policy="p") ->
 
 def group(gid: int, versions_per_episode, rewards=None) -> Group:
     rewards = rewards or [float(i % 2) for i in range(len(versions_per_episode))]
-    trajs = tuple(traj(gid, r, v) for r, v in zip(rewards, versions_per_episode))
+    trajs = tuple(traj(gid, r, v) for r, v in zip(rewards, versions_per_episode, strict=True))
     return Group(gid, trajs, min(min(v) for v in versions_per_episode), frozenset({"p"}))
 
 
@@ -158,3 +158,49 @@ def test_trained_groups_never_exceed_max_staleness(
     anyio.run(main)
     assert len(trained) == steps * groups_per_batch
     assert max(trained) <= max_staleness
+
+
+def test_a_sample_stream_that_ends_while_a_worker_waits_at_the_gate_ends_cleanly():
+    """Two workers, room for one group: worker B picks the one-sample stream, then waits at the
+    gate while worker A takes the only sample and finds the stream empty. B must then see the
+    stream ended (and release its admission), not call next() on it."""
+    import types
+
+    from astranb.dataflow.orchestrator import Orchestrator, Source
+    from astranb.environments import Environment
+
+    class OneSample(Environment):
+        roles = ("solver",)
+
+        def samples(self, seed=0):
+            yield {"prompt": "1+1="}
+
+        async def episode(self, ctx, sample):
+            await ctx.generate("solver", [5, 6])
+            return 1.0
+
+    class Engine:
+        async def generate(self, request):
+            await anyio.sleep(0.01)
+            return Generation(request.prompt_ids, (7,), (-0.1,), (0,), "stop")
+
+    tokenizer = types.SimpleNamespace(eos_token_id=None)
+    policy = types.SimpleNamespace(name="p", version=0, tokenizer=tokenizer, engine=Engine(),
+                                   algorithm=GRPO(filter_groups=False))
+    recorder = types.SimpleNamespace(add_episode=lambda *a, **k: None)
+    gate = StalenessGate(["p"], groups_per_batch=1, max_staleness=0)  # capacity: 1 group
+    buffers = {"p": Buffer("p")}
+    orchestrator = Orchestrator([Source(OneSample(), {"solver": policy})], buffers, gate,
+                                recorder, group_size=2)
+
+    async def main():
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(orchestrator.run, 2)
+                await anyio.sleep(0.2)  # A played the sample into the buffer; B waits for room
+                assert len(buffers["p"]) == 1
+                gate.release({"p": 1})  # the trainer took A's group: B is admitted
+        return orchestrator.counters.episodes
+
+    assert anyio.run(main) == 2  # one group of two episodes, then both workers stop
+    assert gate.live["p"] == 0  # B gave its admission back

@@ -12,12 +12,12 @@ from html.parser import HTMLParser
 
 import anyio
 import pytest
-
-import astranb as ab
-from astranb.weights.publish import StatePublisher
-from astranb.notebook.replay import ReplayError, encode
 from astranb_actor_verifier import ActorVerifier
 from astranb_arithmetic import Arithmetic, check
+
+import astranb as ab
+from astranb.notebook.replay import ReplayError, encode
+from astranb.weights.publish import StatePublisher
 
 from .envs import CountA, ToolBetween
 from .services import in_process_services

@@ -75,7 +75,7 @@ def _reference_logprobs(model, gen, temperature: float, top_p: float) -> torch.T
     p = len(gen.prompt_ids)
     steps = logits[p - 1 : p - 1 + len(gen.completion_ids)]
     out = []
-    for row, token in zip(steps, gen.completion_ids):
+    for row, token in zip(steps, gen.completion_ids, strict=True):
         if temperature > 0:
             row = _nucleus(row / temperature, top_p)
         out.append(torch.log_softmax(row, -1)[token])
@@ -114,7 +114,7 @@ def test_continuous_batching_matches_running_alone(monkeypatch):
         batched = [f.result(timeout=30) for f in futures]
         assert engine.stats().steps < sum(m for _, m in specs)  # really decoded together
     model = SPEC.build()
-    for b, a in zip(batched, alone):
+    for b, a in zip(batched, alone, strict=True):
         assert b.completion_ids == a.completion_ids
         assert b.finish_reason == "length"
         _assert_close(b.logprobs, a.logprobs)
@@ -135,7 +135,7 @@ def test_long_mixed_batch_matches_full_forward():
     with HFEngine(SPEC, max_batch_size=3, seed=5) as engine:
         gens = engine.generate_many(requests)
     model = SPEC.build()
-    for gen, request in zip(gens, requests):
+    for gen, request in zip(gens, requests, strict=True):
         s = request.sampling
         assert len(gen.completion_ids) == s.max_new_tokens
         _assert_close(gen.logprobs, _reference_logprobs(model, gen, s.temperature, s.top_p))
@@ -168,7 +168,7 @@ def test_sampled_logprobs_match_recomputation():
     with HFEngine(SPEC, max_batch_size=4, seed=123) as engine:
         gens = engine.generate_many(requests)
     model = SPEC.build()
-    for gen, (t, p) in zip(gens, settings):
+    for gen, (t, p) in zip(gens, settings, strict=True):
         _assert_close(gen.logprobs, _reference_logprobs(model, gen, t, p))
         assert all(lp <= 0 for lp in gen.logprobs)
     assert len(set(gens[0].completion_ids)) > 3  # really sampled, not a repeated token
@@ -296,7 +296,8 @@ def test_payload_updates_full_then_delta_and_errors():
     from astranb import weights
 
     v0 = {k: v.to(torch.bfloat16) for k, v in SPEC.build().state_dict().items()}
-    v1 = {k: (v.float() + 0.01 * (torch.arange(v.numel()).reshape(v.shape) % 7 == 0)).to(torch.bfloat16)
+    v1 = {k: (v.float() + 0.01 * (torch.arange(v.numel()).reshape(v.shape) % 7 == 0))
+          .to(torch.bfloat16)
           for k, v in v0.items()}
     delta = weights.encode(v0, v1, policy="policy", base_version=0, version=1)
     with HFEngine(SPEC) as engine:
@@ -314,7 +315,8 @@ def test_payload_updates_full_then_delta_and_errors():
         with pytest.raises(ValueError, match="for policy 'critic'"):
             engine.update_weights(WeightUpdate("policy", 1, payload=other)).result(timeout=30)
         # a plain state update leaves the mirror stale: the next delta must be refused
-        engine.update_weights(WeightUpdate("policy", 2, dict(SPEC.build().state_dict()))).result(timeout=30)
+        state = dict(SPEC.build().state_dict())
+        engine.update_weights(WeightUpdate("policy", 2, state)).result(timeout=30)
         assert engine.weights_checksum is None
         with pytest.raises(weights.BaseMismatch):
             engine.update_weights(WeightUpdate("policy", 1, payload=delta)).result(timeout=30)

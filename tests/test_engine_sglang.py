@@ -114,9 +114,9 @@ def answer(ids, reason, *, with_ids=True, version="default"):
 
 @pytest.mark.parametrize("reason, max_new, stop, with_ids, finish", [
     ({"type": "length", "length": 2}, 2, (), True, "length"),
-    ({"type": "length", "length": 2}, 2, (2,), True, "stop"),  # a stop token counts first (HFEngine)
+    ({"type": "length", "length": 2}, 2, (2,), True, "stop"),  # stop token counts first (HFEngine)
     ({"type": "stop", "matched": 2}, 5, (), True, "stop"),  # the model's own EOS
-    ({"type": "stop", "matched": 2}, 5, (2,), False, "stop"),  # old servers: ids only in the triples
+    ({"type": "stop", "matched": 2}, 5, (2,), False, "stop"),  # old servers: ids only in triples
 ])
 def test_finish_reason_mapping(attach, reason, max_new, stop, with_ids, finish):
     fake = FakeSGLang()
@@ -256,7 +256,8 @@ def test_gauge_sum_reads_prometheus_text():
 def test_http_error_names_status_and_body(attach):
     fake = FakeSGLang()
     fake.fail_next["/generate"] = (500, "internal boom: scheduler died")
-    with pytest.raises(SGLangError, match=r"POST /generate answered HTTP 500: internal boom") as info:
+    with pytest.raises(SGLangError,
+                       match=r"POST /generate answered HTTP 500: internal boom") as info:
         attach(fake).submit(request(3)).result(timeout=10)
     assert info.value.status == 500
 
@@ -293,7 +294,8 @@ def test_unreachable_server_is_a_clear_error(spec):
 def test_refused_update_keeps_the_version_and_generation_goes_on(attach):
     fake = FakeSGLang()
     engine = attach(fake)
-    fake.fail_next["/update_weights_from_disk"] = (400, '{"success": false, "message": "bad shapes"}')
+    fake.fail_next["/update_weights_from_disk"] = (
+        400, '{"success": false, "message": "bad shapes"}')
     with pytest.raises(SGLangError, match="HTTP 400.*bad shapes"):
         engine.update_weights(full(bf16_weights(1), 1)).result(timeout=10)
     assert engine.version == 0 and engine.weights_checksum is None and fake.continues == 1
@@ -332,7 +334,7 @@ def test_close_fails_pending_requests(attach):
         future.result(timeout=10)
 
 
-# -- a launched server process (the fake, behind a fake `sglang.launch_server`) ---------------------
+# -- a launched server process (the fake, behind a fake `sglang.launch_server`) --------------------
 
 
 @pytest.fixture

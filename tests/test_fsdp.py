@@ -197,6 +197,7 @@ def runs(tmp_path_factory):
     return out, reference
 
 
+@pytest.mark.slow  # two torchrun jobs (module fixture runs)
 def test_two_rank_steps_equal_local_trainer_steps(runs):
     out, reference = runs
     metrics = json.loads((out / "metrics.json").read_text())
@@ -209,6 +210,7 @@ def test_two_rank_steps_equal_local_trainer_steps(runs):
     assert metrics["grpo.a"]["clip_frac"] > 0 and metrics["m2po.a"]["m2po_masked_frac"] > 0
 
 
+@pytest.mark.slow  # two torchrun jobs (module fixture runs)
 def test_checkpoint_is_local_trainers_format_and_has_no_pickle(runs):
     out, _ = runs
     for name in POLICIES:
@@ -225,6 +227,7 @@ def test_checkpoint_is_local_trainers_format_and_has_no_pickle(runs):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no leftover temp dirs
 
 
+@pytest.mark.slow  # two torchrun jobs (module fixture runs)
 def test_load_in_new_processes_restores_weights_optimizer_and_version(runs):
     out, _ = runs
     resumed = json.loads((out / "resume.json").read_text())
@@ -239,6 +242,7 @@ def test_load_in_new_processes_restores_weights_optimizer_and_version(runs):
             assert all(torch.equal(got[k], want[k]) for k in want)  # bit for bit
 
 
+@pytest.mark.slow  # two torchrun jobs (module fixture runs)
 def test_step_after_load_equals_local_trainer_after_load(runs):
     out, _ = runs
     resumed = json.loads((out / "resume.json").read_text())
@@ -258,6 +262,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # an orphan's zombie lingers where nothing reaps it
 
 
+@pytest.mark.slow  # real torchrun ranks and timeouts
 def test_ranks_exit_when_rank_zero_hangs_or_their_launcher_dies(tmp_path):
     """Rank 0 pings an idle follower; a hung rank 0 makes it exit, a vanished launcher rank 0."""
     timeout_s = 4.0

@@ -14,7 +14,8 @@ from tests.test_dataflow import group
 def test_tiny_model_is_deterministic_and_tokenizer_round_trips():
     spec = ab.models.tiny(hidden_size=32, num_heads=2)
     a, b = spec.build(), spec.build()
-    assert all(x.equal(y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(x.equal(y)
+               for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     tok = spec.tokenizer()
     assert tok.decode(tok.encode("12+3=15")) == "12+3=15"
     assert tok.eos_token_id == 2 and tok.pad_token_id == 0
@@ -44,7 +45,9 @@ def test_token_logprobs_match_a_manual_log_softmax():
     logits = trainer.model(batch.input_ids_B_T).logits
     manual = torch.log_softmax(logits[0, 1], -1)[batch.input_ids_B_T[0, 2]]  # token 2 given 0..1
     assert torch.allclose(logp[0, 2], manual, atol=1e-5)
-    assert torch.allclose(entropy[0, 2], -(manual.new_tensor(0) + (torch.softmax(logits[0, 1], -1) * torch.log_softmax(logits[0, 1], -1)).sum()), atol=1e-5)
+    probs, logps = torch.softmax(logits[0, 1], -1), torch.log_softmax(logits[0, 1], -1)
+    assert torch.allclose(entropy[0, 2], -(manual.new_tensor(0) + (probs * logps).sum()),
+                          atol=1e-5)
 
 
 def test_micro_batching_gives_the_same_step_as_one_batch():
@@ -55,7 +58,8 @@ def test_micro_batching_gives_the_same_step_as_one_batch():
     parts = LocalTrainer(spec, ab.GRPO(), micro_batch_size=1)
     m1, m2 = whole.step(batch), parts.step(batch)
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
-    for (name, a), b in zip(whole.model.named_parameters(), parts.model.parameters()):
+    for (name, a), b in zip(whole.model.named_parameters(), parts.model.parameters(),
+                            strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
     assert whole.version == parts.version == 1
 
@@ -79,7 +83,8 @@ def test_trainer_save_and_load_round_trip(tmp_path):
 def test_entropy_bonus_raises_entropy():
     spec = ab.models.tiny(hidden_size=32, num_heads=2, initializer_range=0.5)
     batch = build_batch([group(0, [(0, 0), (0, 0)], [1.0, 1.0])], "p", ab.GRPO(), pad_id=0)
-    trainer = LocalTrainer(spec, ab.GRPO(entropy_coef=1.0, filter_groups=False), ab.AdamWConfig(lr=1e-2))
+    trainer = LocalTrainer(spec, ab.GRPO(entropy_coef=1.0, filter_groups=False),
+                           ab.AdamWConfig(lr=1e-2))
     first = trainer.step(batch)["entropy"]  # equal rewards: zero advantage, only the bonus acts
     for _ in range(5):
         last = trainer.step(batch)["entropy"]

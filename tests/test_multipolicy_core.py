@@ -7,7 +7,8 @@ import time
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import astranb as ab
 
@@ -43,7 +44,8 @@ def test_each_policy_trains_only_on_its_own_turns(tmp_path):
     batches = {p.name: capture_batches(p) for p in (solver, verifier)}
     with session:
         session.wire(Duet(), solver=solver, verifier=verifier)
-        run = session.train(steps=3, batch_size=8, group_size=4, max_staleness=1).wait(progress=False)
+        run = session.train(steps=3, batch_size=8, group_size=4,
+                            max_staleness=1).wait(progress=False)
     episodes = {e.index: e for e in run.episodes}
     assert set(run.metrics["policy"]) == {"solver", "verifier"}
     for name, seen in batches.items():
@@ -62,7 +64,8 @@ def test_one_policy_in_two_roles_trains_one_set_of_weights(tmp_path):
     seen = capture_batches(shared)
     with session:
         session.wire(Duet(), solver=shared, verifier=shared)
-        run = session.train(steps=3, batch_size=8, group_size=4, max_staleness=1).wait(progress=False)
+        run = session.train(steps=3, batch_size=8, group_size=4,
+                            max_staleness=1).wait(progress=False)
     assert list(run.metrics["policy"]) == ["shared"] * 3 and shared.version == 3
     tok = shared.tokenizer
     for batch in seen:  # both roles' turns in the same batch: 2 rows per episode
@@ -77,7 +80,8 @@ def test_environments_are_sampled_by_weight(tmp_path):
     with session:
         session.wire(CountA(), weight=3.0, solver=policy)
         session.wire(OnlyB(), weight=1.0, solver=policy)
-        run = session.train(steps=6, batch_size=16, group_size=4, max_staleness=1).wait(progress=False)
+        run = session.train(steps=6, batch_size=16, group_size=4,
+                            max_staleness=1).wait(progress=False)
         with pytest.raises(ValueError, match="several environments are wired"):
             session.evaluate(n=4)
         with pytest.raises(ValueError, match="weight must be a number > 0"):
@@ -87,10 +91,12 @@ def test_environments_are_sampled_by_weight(tmp_path):
     assert 0.1 < share < 0.45, prompts  # 1 in 4 expected
 
 
+@pytest.mark.slow  # six full two-policy training runs
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(max_staleness=st.integers(0, 2), mode=st.sampled_from(["independent", "barrier"]),
        slow=st.sampled_from(["solver", "verifier"]))
-def test_each_policys_staleness_bound_holds_in_both_modes(tmp_path_factory, max_staleness, mode, slow):
+def test_each_policys_staleness_bound_holds_in_both_modes(tmp_path_factory, max_staleness, mode,
+                                                           slow):
     session, solver, verifier = two_policies(tmp_path_factory.mktemp("s"))
     capture_batches(solver if slow == "solver" else verifier, seconds=0.05)
     with session:

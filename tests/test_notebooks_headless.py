@@ -19,6 +19,8 @@ SMALL = {"steps": 4, "batch_size": 16, "eval_episodes": 16}
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
+pytestmark = pytest.mark.slow  # every test here executes a notebook
+
 
 def execute_quickstart(tmp_path: Path, monkeypatch, display: str) -> tuple[dict, list[dict]]:
     """Run the quickstart with papermill, small; returns (executed notebook, metrics rows)."""
@@ -42,8 +44,10 @@ def reward_trace(data: list[dict]) -> dict:
 
 
 def expected_rewards(rows):
-    return [None if r["reward"] is None or (isinstance(r["reward"], float) and math.isnan(r["reward"]))
-            else r["reward"] for r in rows]
+    def missing(reward) -> bool:
+        return reward is None or (isinstance(reward, float) and math.isnan(reward))
+
+    return [None if missing(r["reward"]) else r["reward"] for r in rows]
 
 
 def test_headless_quickstart_saves_static_figures_with_the_last_step(tmp_path, monkeypatch):
@@ -94,7 +98,8 @@ run = session.train(steps=2, batch_size=4, group_size=2, max_staleness=1)
 @pytest.mark.parametrize("ending", ["await run", "run.wait()"])
 def test_a_failing_background_task_fails_its_notebook_under_nbmake(tmp_path, ending):
     nb = new_notebook(cells=[new_code_cell(FAILING), new_code_cell(ending)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     path = tmp_path / "failing.ipynb"
     nbformat.write(nb, path)
     result = subprocess.run(

@@ -10,13 +10,12 @@ import time
 import anyio
 import httpx
 import pytest
-import torch
 import uvicorn
 
 from astranb import models, weights
-from astranb.services import rollout_app
 from astranb.remote.client import RolloutClient, ServiceError
 from astranb.remote.serialize import spec_to_wire
+from astranb.services import rollout_app
 from astranb.weights.codec import encode_full
 from tests.fake_sglang import FakeSGLang, expected
 
@@ -114,7 +113,8 @@ def test_a_tiny_spec_without_a_directory_is_refused_with_the_fix():
     async def check():
         async with app.state.service.running():
             client = RolloutClient("http://s", transport=httpx.ASGITransport(app))
-            with pytest.raises(ServiceError, match=r"spec\.save\(dir\).*models\.local\(dir\)") as info:
+            with pytest.raises(ServiceError,
+                               match=r"spec\.save\(dir\).*models\.local\(dir\)") as info:
                 await client.add_policy("p", spec_to_wire(models.tiny()))
             assert info.value.status == 422
             await client.close()

@@ -13,17 +13,21 @@ import torch
 
 import astranb as ab
 from astranb import cli
-from astranb.services import rollout_app, trainer_app
 from astranb.remote.client import RolloutClient, ServiceError, TrainerClient
-from astranb.services.http import InsecureBind, ServiceConfig
 from astranb.remote.pool import RolloutPool
 from astranb.remote.serialize import (
-    batch_from_bytes, batch_to_bytes, spec_to_wire, trajectory_from_wire, trajectory_to_wire,
+    batch_from_bytes,
+    batch_to_bytes,
+    spec_to_wire,
+    trajectory_from_wire,
+    trajectory_to_wire,
 )
+from astranb.services import rollout_app, trainer_app
+from astranb.services.http import InsecureBind, ServiceConfig
 from astranb.types import Batch, Generation, SamplingParams, ToolCall, Trajectory, Turn
 
 from .envs import CountA, SlowCountA
-from .services import Switchable, in_process_services
+from .services import in_process_services
 
 TOKEN = "test-token"
 
@@ -112,7 +116,8 @@ def test_bad_requests_get_4xx_naming_the_problem():
 
     async def check():
         async with app.state.service.running():
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://s") as c:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                         base_url="http://s") as c:
                 answer = await c.post("/v1/submit", json={"items": [{"env_id": "e", "sample": {}}]})
                 assert answer.status_code == 422 and "items.0.id" in answer.json()["error"]
                 answer = await c.post("/v1/pull", json={"max": 0})
@@ -125,8 +130,10 @@ def test_bad_requests_get_4xx_naming_the_problem():
                 assert answer.status_code == 413
                 answer = await c.post("/v1/submit", json={"items": [
                     {"id": "a", "env_id": "nope", "sample": {}}]})
-                assert answer.status_code == 404 and "register the environment" in answer.json()["error"]
-                answer = await c.post("/v1/environments", json={"name": "nope", "roles": {"solver": "p"}})
+                assert (answer.status_code == 404
+                        and "register the environment" in answer.json()["error"])
+                answer = await c.post("/v1/environments",
+                                      json={"name": "nope", "roles": {"solver": "p"}})
                 assert answer.status_code == 404 and "POST /v1/policies" in answer.json()["error"]
                 answer = await c.post("/v1/weights/p", content=b"junk")
                 assert answer.status_code == 404
@@ -135,16 +142,18 @@ def test_bad_requests_get_4xx_naming_the_problem():
 
 
 def test_msgpack_and_json_bodies_and_answers():
-    app = rollout_app.create_app(rollout_app.RolloutConfig(engine="instant",
-                                                           environments={"CountA": "tests.envs:CountA"}))
+    app = rollout_app.create_app(rollout_app.RolloutConfig(
+        engine="instant", environments={"CountA": "tests.envs:CountA"}))
 
     async def check():
         async with app.state.service.running():
             client = RolloutClient("http://s", transport=httpx.ASGITransport(app))  # msgpack
             await client.add_policy("p", spec_to_wire(ab.models.tiny()))
             env_id = await client.register("CountA", {"solver": "p"})
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://s") as c:
-                again = await c.post("/v1/environments", json={"name": "CountA", "roles": {"solver": "p"}})
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                         base_url="http://s") as c:
+                again = await c.post("/v1/environments",
+                                     json={"name": "CountA", "roles": {"solver": "p"}})
                 assert again.json()["env_id"] == env_id  # JSON and msgpack: same registration
             await client.submit([{"id": f"e{i}", "env_id": env_id, "sample": {"prompt": "ab="}}
                                  for i in range(5)])
@@ -168,7 +177,8 @@ def test_remote_session_trains_and_every_service_holds_the_trainers_weights(tmp_
     with session:
         policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamWConfig(lr=3e-3))
         session.wire(CountA(), solver=policy)
-        run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1).wait(progress=False)
+        run = session.train(steps=3, batch_size=16, group_size=4,
+                            max_staleness=1).wait(progress=False)
         df = run.metrics
         assert list(df["version"]) == [1, 2, 3]
         for _, row in df.iterrows():
@@ -201,7 +211,8 @@ def test_a_rollout_service_that_goes_silent_loses_no_episode(tmp_path):
         assert books["failovers"] >= 1 and books["resubmitted"] >= 1
         assert session.rollout_services["http://r0"] == "dead"
         transports["http://r0"].down = False  # back: it catches up before getting work
-        run = session.train(steps=14, batch_size=16, group_size=4, max_staleness=2).wait(progress=False)
+        run = session.train(steps=14, batch_size=16, group_size=4,
+                            max_staleness=2).wait(progress=False)
         assert session.rollout_services["http://r0"] == "ready"
         engine = apps["http://r0"].state.service.slots["solver"].engine
         assert engine.version == policy.version == 12 + 14
@@ -235,7 +246,7 @@ class _FakeEnv(CountA):
 _ENV = object.__new__(CountA)
 
 
-# -- the trainer service ----------------------------------------------------------------------------
+# -- the trainer service ---------------------------------------------------------------------------
 
 def _trainer_body(**kw):
     return {"name": "p", "model": spec_to_wire(ab.models.tiny()), "algorithm": {"kind": "grpo"},
@@ -301,7 +312,8 @@ def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(
     with session:
         policy = session.policy("solver", ab.models.tiny())
         session.wire(CountA(), solver=policy)
-        run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1).wait(progress=False)
+        run = session.train(steps=3, batch_size=16, group_size=4,
+                            max_staleness=1).wait(progress=False)
         assert policy.version == 3 and (checkpoints / "solver" / "v000002").is_dir()
         transports["http://t"].down = True
         run = session.train(steps=4, batch_size=16, group_size=4, max_staleness=1)

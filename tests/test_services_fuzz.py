@@ -1,19 +1,20 @@
 """Schema-driven fuzzing of real service processes: the committed OpenAPI schemas are current,
-and ~500 generated requests (valid and not, 25 per operation) never get a 5xx and leave the services up."""
+and ~500 generated requests (valid and not, 25 per operation) never get a 5xx and leave the
+services up."""
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from .services import Process, ROOT, rollout_process
 from astranb.services.http import free_port
+
+from .services import ROOT, Process, rollout_process
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from export_openapi import OUT, schemas  # noqa: E402
@@ -55,16 +56,19 @@ def _call(case, process: Process):
     if isinstance(case.body, dict) and isinstance(case.body.get("wait"), (int, float)):
         case.body["wait"] = min(case.body["wait"], 0.05)  # keep long-polls short
     answer = case.call(base_url=process.url, headers=AUTH, timeout=30)
-    assert answer.status_code < 500, f"{case.method} {case.path} -> {answer.status_code}: {answer.text[:300]}"
+    assert answer.status_code < 500, (f"{case.method} {case.path} -> {answer.status_code}: "
+                                      f"{answer.text[:300]}")
     return answer
 
 
+@pytest.mark.slow  # fuzzes live service processes (module fixture live)
 @rollout_schema.parametrize()
 @FUZZ
 def test_rollout_service_never_answers_5xx(case, live):
     _call(case, live["rollout.json"])
 
 
+@pytest.mark.slow  # fuzzes live service processes (module fixture live)
 @trainer_schema.parametrize()
 @FUZZ
 def test_trainer_service_never_answers_5xx(case, live):

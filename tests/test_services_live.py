@@ -13,7 +13,7 @@ import astranb as ab
 from .envs import CountA, SlowCountA
 from .services import processes, rollout_process, trainer_process
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _status(url: str, token: str | None = None) -> dict:
@@ -34,7 +34,8 @@ def test_two_rollout_services_and_an_fsdp_trainer_stay_in_sync(tmp_path):
     trainer = trainer_process(tmp_path, 2)
     with processes(r0, r1, trainer):
         assert _status(trainer.url)["world_size"] == 2
-        with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url], trainer=trainer.url) as session:
+        with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url],
+                        trainer=trainer.url) as session:
             policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamWConfig(lr=3e-3))
             session.wire(CountA(), solver=policy)
             run = session.train(steps=3, batch_size=16, group_size=4, max_staleness=1)
@@ -55,7 +56,8 @@ def test_two_rollout_services_and_an_fsdp_trainer_stay_in_sync(tmp_path):
 def test_kill_9_a_rollout_service_then_restart_it(tmp_path):
     r0, r1 = rollout_process(tmp_path, "r0"), rollout_process(tmp_path, "r1")
     with processes(r0, r1):
-        with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url], failure_timeout=1.0) as session:
+        with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url],
+                        failure_timeout=1.0) as session:
             policy = session.policy("solver", ab.models.tiny())
             env = SlowCountA()
             env.registry_kwargs = {"delay": 0.4}  # the services build it with these
@@ -65,7 +67,8 @@ def test_kill_9_a_rollout_service_then_restart_it(tmp_path):
             r0.kill()  # SIGKILL: in-flight episodes on r0 are gone
             _wait_for(lambda: session.rollout_services[r0.url] == "dead", 30, "r0 declared dead")
             r0.start()  # same port, new instance: it must catch up before it gets work
-            _wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done, 120, "rejoin")
+            _wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done, 120,
+                      "rejoin")
             assert not run.done, "the run ended before r0 came back; lengthen it"
             run.wait(progress=False)
             books = run.accounting

@@ -35,6 +35,7 @@ def wait_closed(port: int, timeout: float = 30) -> bool:
     return True
 
 
+@pytest.mark.slow  # real service processes
 def test_services_answer_a_killed_one_is_gone_and_close_stops_the_rest(tmp_path):
     with launch_local(rollout=2, trainer=True, engine="instant", log_dir=tmp_path) as services:
         assert [s.status()["service"] for s in services.all] == ["rollout", "rollout", "trainer"]
@@ -55,6 +56,7 @@ def test_services_answer_a_killed_one_is_gone_and_close_stops_the_rest(tmp_path)
     assert (tmp_path / "trainer.log").exists()
 
 
+@pytest.mark.slow  # real service processes
 def test_a_service_that_cannot_start_is_reported_with_its_log_and_nothing_is_left(tmp_path):
     with pytest.raises(RuntimeError, match="invalid int value") as caught:
         launch_local(rollout=1, trainer=True, rollout_args=["--max-inflight", "many"],
@@ -63,9 +65,11 @@ def test_a_service_that_cannot_start_is_reported_with_its_log_and_nothing_is_lef
     assert not local._LIVE
 
 
+@pytest.mark.slow  # real service processes
 def test_services_stop_when_the_launching_process_exits_without_closing_them(tmp_path):
     script = ("from astranb.services.local import launch_local\n"
-              f"s = launch_local(rollout=1, trainer=False, engine='instant', log_dir={str(tmp_path)!r})\n"
+              "s = launch_local(rollout=1, trainer=False, engine='instant', "
+              f"log_dir={str(tmp_path)!r})\n"
               "print(s.rollout[0].process.pid, s.rollout[0].port, flush=True)\n")  # no close()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,

@@ -629,7 +629,8 @@ def _reframe(payload: bytes, header: bytes) -> bytes:
     return framed + struct.pack("<Q", xxhash.xxh3_64_intdigest(framed))
 
 
-@pytest.mark.parametrize("header", [b"not zstd", b"json", b'{"policy": 1}', b'{"tensors": [{"x": 1}]}'])
+@pytest.mark.parametrize(
+    "header", [b"not zstd", b"json", b'{"policy": 1}', b'{"tensors": [{"x": 1}]}'])
 def test_malformed_header_with_valid_hash_is_corrupt_payload(header):
     import zstandard
 

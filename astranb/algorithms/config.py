@@ -236,7 +236,7 @@ class M2PO(Algorithm):
         )
 
 
-_KINDS: dict[str, type[Algorithm]] = {"grpo": GRPO, "m2po": M2PO}
+_KINDS: dict[str, type[GRPO] | type[M2PO]] = {"grpo": GRPO, "m2po": M2PO}
 
 
 def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
@@ -252,7 +252,7 @@ def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
         TypeError: for any other Algorithm subclass (its fields and code cannot travel as JSON).
     """
     kind = getattr(algorithm, "name", None)
-    if _KINDS.get(kind) is not type(algorithm):
+    if kind not in _KINDS or _KINDS[kind] is not type(algorithm):
         raise TypeError(
             f"only GRPO and M2PO configs can be sent to trainer processes, got {algorithm!r}; "
             "build the policy with astranb.GRPO(...) or astranb.M2PO(...)"

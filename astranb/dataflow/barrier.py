@@ -9,10 +9,18 @@ more than one. Staleness bounds hold per policy in both modes (the gate and the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import anyio
 
 __all__ = ["VersionBarrier"]
+
+
+class _Versioned(Protocol):
+    """Anything with a current weight version (a policy)."""
+
+    @property
+    def version(self) -> int: ...
 
 
 class VersionBarrier:
@@ -22,7 +30,7 @@ class VersionBarrier:
         policies: name -> object with a `version` attribute (the run's policies).
     """
 
-    def __init__(self, policies: Mapping[str, object]):
+    def __init__(self, policies: Mapping[str, _Versioned]):
         self.policies = dict(policies)
         self._changed = anyio.Event()
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from ..algorithms import Algorithm
-from ..types import Batch, Trajectory
+from ..types import Batch, Trajectory, Turn
 from .buffer import Group
 
 __all__ = ["build_batch", "group_rewards", "has_signal_for", "policy_reward"]
@@ -39,19 +39,20 @@ def has_signal_for(group: Group | Sequence[Trajectory], policy: str) -> bool:
 
 def build_batch(groups: Sequence[Group], policy: str, algorithm: Algorithm, pad_id: int) -> Batch:
     """Collate `policy`'s turns of `groups` into a right-padded Batch."""
-    rows: list[tuple] = []
+    rows: list[tuple[Turn, float, float]] = []
     for group in groups:
         trajectories = [t for t in group.trajectories if policy_reward(t, policy) is not None]
-        rewards = [policy_reward(t, policy) for t in trajectories]
+        rewards = [r for t in trajectories if (r := policy_reward(t, policy)) is not None]
         adv_1_N = algorithm.advantages(torch.tensor([rewards], dtype=torch.float32))
-        for traj, reward, adv in zip(trajectories, rewards, adv_1_N[0].tolist()):
+        # one reward and one advantage per trajectory: equal lengths by construction
+        for traj, reward, adv in zip(trajectories, rewards, adv_1_N[0].tolist(), strict=True):
             rows.extend((turn, adv, reward) for turn in traj.turns if turn.policy == policy)
     if not rows:
         raise ValueError(f"no turns of policy {policy!r} in the batch's groups")
     return _collate(rows, pad_id)
 
 
-def _collate(rows: list[tuple], pad_id: int) -> Batch:
+def _collate(rows: list[tuple[Turn, float, float]], pad_id: int) -> Batch:
     B = len(rows)
     T = max(len(t.generation.prompt_ids) + len(t.generation.completion_ids) for t, _, _ in rows)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)

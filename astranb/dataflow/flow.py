@@ -11,7 +11,8 @@ both run exactly the same parts in exactly the same way.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 
@@ -63,7 +64,7 @@ class Dataflow:
         """Episodes trained on more than once (must stay 0)."""
         return sum(loop.trained_twice for loop in self.loops)
 
-    async def run(self, *also: Callable[[], Awaitable[object]]) -> None:
+    async def run(self, *also: Callable[[], Coroutine[Any, Any, object]]) -> None:
         """Run until every policy has taken its steps; rollouts are then cancelled.
 
         Args:

@@ -2,10 +2,10 @@
 
 Each worker loops: pick an environment (by the sampling weights of the wired environments), wait
 for admission of its policies, take its next sample, play `group_size` episodes of it
-concurrently, then hand the group to the buffer of every policy that played in it. A group whose rewards are all equal
-for every policy that filters (dynamic sampling) is dropped here, and so are failed episodes; a
-failed episode is still recorded. If every episode keeps failing the run stops with the last
-error instead of spinning forever.
+concurrently, then hand the group to the buffer of every policy that played in it. A group whose
+rewards are all equal for every policy that filters (dynamic sampling) is dropped here, and so are
+failed episodes; a failed episode is still recorded. If every episode keeps failing the run stops
+with the last error instead of spinning forever.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Source:
         self.tokenizers = {p.name: p.tokenizer for p in self.policies.values()
                            if p.tokenizer is not None}
         """Policy name -> tokenizer, handed to every recorded episode (the debugger's tokens)."""
-        self.samples: Iterator[Mapping[str, Any]] = iter(env.samples(seed))
+        self.samples: Iterator[Mapping[str, Any]] | None = iter(env.samples(seed))
+        """The sample stream; None once it has ended."""
 
 
 class Orchestrator:
@@ -117,9 +118,10 @@ class Orchestrator:
         while (source := self._choose()) is not None:
             names = tuple(source.policies)
             await self.gate.admit(names)
-            try:
-                sample = next(source.samples)
-            except StopIteration:
+            # _choose() saw this stream live, but another worker may have ended it while
+            # admit() waited
+            sample = next(source.samples, None) if source.samples is not None else None
+            if sample is None:
                 source.samples = None
                 self.gate.release({n: 1 for n in names})
                 continue
@@ -132,7 +134,7 @@ class Orchestrator:
         group_id = next(self._group_ids)
         admitted = min(p.version for p in source.policies.values())
         if self.remote is not None:
-            return await self._play_remote(sample, group_id, admitted, source)
+            return await self._play_remote(self.remote, sample, group_id, admitted, source)
         results: list[Trajectory | None] = [None] * self.group_size
 
         async def play(i: int) -> None:
@@ -145,18 +147,20 @@ class Orchestrator:
         used = frozenset(turn.policy for t in ok for turn in t.turns)
         return Group(group_id, ok, admitted, used)
 
-    async def _play_remote(self, sample, group_id: int, admitted: int, source: Source) -> Group:
-        epoch = self.remote.epoch
-        ids = self.remote.episode_ids(group_id, self.group_size)
-        results = await self.remote.play(source.env, [(i, dict(sample), group_id, admitted) for i in ids])
+    async def _play_remote(self, remote: RemoteEpisodes, sample: Mapping[str, Any], group_id: int,
+                           admitted: int, source: Source) -> Group:
+        epoch = remote.epoch
+        ids = remote.episode_ids(group_id, self.group_size)
+        results = await remote.play(source.env,
+                                    [(i, dict(sample), group_id, admitted) for i in ids])
         for traj in results:
             self._count(traj, source)
-        if self.remote.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
+        if remote.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
             return Group(group_id, (), admitted, frozenset())
         ok = tuple(t for t in results if t.ok)
         return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns))
 
-    async def play_episode(self, sample, group_id: int, admitted: int,
+    async def play_episode(self, sample: Mapping[str, Any], group_id: int, admitted: int,
                            source: Source | None = None) -> Trajectory:
         """One episode; an exception becomes a failed, recorded trajectory."""
         source = source or self.sources[0]
@@ -176,7 +180,9 @@ class Orchestrator:
         if traj.ok:
             self._consecutive_failures = 0
             for name in {turn.policy for turn in traj.turns}:
-                c.rewards_since_step.setdefault(name, []).append(policy_reward(traj, name))
+                reward = policy_reward(traj, name)
+                if reward is not None:  # always: `name` made a turn, so it played a role
+                    c.rewards_since_step.setdefault(name, []).append(reward)
             return
         c.failed += 1
         self._consecutive_failures += 1

@@ -114,7 +114,7 @@ class DecodeBatch:
         self.kv.advance()
         self.pending_R[:n] = tokens_B
         finished: list[tuple[Row, str]] = []
-        for row, token, logp in zip(self.rows, tokens_B.tolist(), logp_B.tolist()):
+        for row, token, logp in zip(self.rows, tokens_B.tolist(), logp_B.tolist(), strict=True):
             row.tokens.append(token)
             row.logprobs.append(logp)
             row.versions.append(version)
@@ -140,7 +140,7 @@ class DecodeBatch:
             src = torch.tensor(movers, device=self.device)
             for state_R in (self.pending_R, self.temperature_R, self.top_p_R):
                 state_R[dst] = state_R[src]
-            for h, m in zip(holes, movers):
+            for h, m in zip(holes, movers, strict=True):
                 order[h] = order[m]
         self._set_rows(tuple(order[: self.kv.n]))
 

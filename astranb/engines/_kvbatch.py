@@ -168,7 +168,7 @@ class SlotKV:
                 window = buf[:, :, self.start : self.end]
                 window[dst] = window[src]
             self.start_R[dst] = self.start_R[src]
-            for h, m in zip(holes, movers):
+            for h, m in zip(holes, movers, strict=True):
                 self.starts[h] = self.starts[m]
         del self.starts[n_left:]
         self.n = n_left
@@ -206,7 +206,7 @@ class SlotKV:
         if needed > self.capacity:
             self.keys = self.values = []  # drop the old buffers before allocating the new ones
             self._alloc(needed)
-        for buf, window in zip((*self.keys, *self.values), windows):
+        for buf, window in zip((*self.keys, *self.values), windows, strict=True):
             buf[:n, :, new_end - width : new_end] = window
         shift = new_end - old_end
         self.start_R[:n] += shift

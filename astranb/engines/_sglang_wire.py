@@ -81,7 +81,7 @@ def _parse_stretch(answer: dict) -> _Stretch:
         if kind != "abort":
             raise SGLangError(f"SGLang /generate answer: output_ids ({len(ids)} tokens) and "
                               f"meta_info.output_token_logprobs ({len(logprob_ids)}) disagree")
-        n = next((i for i, (a, b) in enumerate(zip(ids, logprob_ids)) if a != b),
+        n = next((i for i, (a, b) in enumerate(zip(ids, logprob_ids, strict=False)) if a != b),
                  min(len(ids), len(logprob_ids)))
         ids, logprobs = ids[:n], logprobs[:n]
     message = str(reason.get("message") or "") if isinstance(reason, dict) else ""

@@ -420,7 +420,8 @@ class HFEngine:
             raise LookupError("no published weights were applied to this engine")
         dtypes = {name: t.dtype for name, t in self._mirror.tensors.items()}
         with self._weights_lock:
-            current = {name: self._targets[name].detach().to("cpu", dtypes[name]) for name in dtypes}
+            current = {name: self._targets[name].detach().to("cpu", dtypes[name])
+                       for name in dtypes}
         return weights.checksum(current)
 
     def _check_update(self, update: WeightUpdate) -> None:

@@ -86,7 +86,9 @@ class InstantEngine:
                 self._mirror.set(update.state)
                 kind = "state"
             else:
-                kind = self._mirror.apply(update.payload, policy=self.name, version=update.version).kind
+                applied = self._mirror.apply(update.payload, policy=self.name,
+                                             version=update.version)
+                kind = applied.kind
             self._version = update.version
         return kind
 

@@ -22,9 +22,9 @@ tokenizer files copied once, only the weights file rewritten) while generation g
 requests are held here, `/pause_generation` aborts the running ones, the server loads the file, the
 version is bumped and generation continues. Every aborted request is resubmitted as prompt + tokens
 so far with the remaining max_new_tokens: its earlier tokens keep their version, later ones carry
-the new one. A stretch's version is the server's `meta_info.weight_version` when it is one this engine
-set (right even for a request that reached the server while it was paused), else the version when
-the stretch was sent.
+the new one. A stretch's version is the server's `meta_info.weight_version` when it is one this
+engine set (right even for a request that reached the server while it was paused), else the
+version when the stretch was sent.
 
 Cost: each update is a disk round trip of the whole model, a pause (SGLang polls for the aborted
 requests once a second) and a re-prefill of every in-flight request. `/update_weights_from_tensor`
@@ -215,7 +215,8 @@ class SGLangEngine:
         if not isinstance(update, WeightUpdate):
             raise TypeError(f"expected a WeightUpdate, got {type(update).__name__}")
         if update.policy != self.name:
-            raise ValueError(f"update is for policy {update.policy!r}, this engine is {self.name!r}")
+            raise ValueError(f"update is for policy {update.policy!r}, "
+                             f"this engine is {self.name!r}")
         self._check_open()
         future: Future = Future()
         self._loop.call_soon_threadsafe(self._start_update, update, future)
@@ -301,7 +302,9 @@ class SGLangEngine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._client.aclose()
 
-    async def _call(self, method: str, path: str, body=None, timeout=_CONTROL_TIMEOUT, as_json=True):
+    async def _call(
+        self, method: str, path: str, body=None, timeout=_CONTROL_TIMEOUT, as_json=True
+    ):
         """One HTTP call; errors name the server, the endpoint and the answer."""
         try:
             response = await self._client.request(method, path, json=body, timeout=timeout)

@@ -2,8 +2,8 @@
 
 `run.dashboard()` picks a form from `astranb.notebook.display.display_mode()`:
 
-- ``widgets``: `astranb.notebook.widgets.dashboard.LiveDashboard`, one plotly FigureWidget holding every
-  panel, a status line and a Stop button, redrawn at most a few times a second.
+- ``widgets``: `astranb.notebook.widgets.dashboard.LiveDashboard`, one plotly FigureWidget holding
+  every panel, a status line and a Stop button, redrawn at most a few times a second.
 - ``static``: an output that shows a one-line progress while the run goes and becomes the same
   panels as a static figure (plotly JSON for JupyterLab, PNG for everything else) when the
   waiting cell (`await run` / `run.wait()`) sees the run end.
@@ -154,7 +154,7 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
     title = spec.get("layout", {}).get("title", {}).get("text", "")
     if title:
         fig.suptitle(title, fontsize=10)
-    for ax, (key, name, xlabel) in zip(axes, PANELS):
+    for ax, (key, name, xlabel) in zip(axes, PANELS, strict=False):  # more axes than panels
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)

@@ -9,12 +9,13 @@
     dbg.export_html("episode.html")               # one file that steps without a kernel
 
 The steps are each generate turn and each tool call in the order the episode made them, then a
-final "reward" step. `rescore` re-runs the environment's own `episode()` (see astranb.notebook.replay:
-recorded turns before the edit, the edited text, fresh samples or recorded replays after it;
-tools are called again) and returns a new debugger; this one keeps its steps and edits.
+final "reward" step. `rescore` re-runs the environment's own `episode()` (see
+astranb.notebook.replay: recorded turns before the edit, the edited text, fresh samples or
+recorded replays after it; tools are called again) and returns a new debugger; this one keeps its
+steps and edits.
 
-This module is the core and imports neither ipywidgets nor plotly; `astranb.notebook.widgets` puts buttons
-on it, `astranb.notebook.viewer` renders it as HTML.
+This module is the core and imports neither ipywidgets nor plotly; `astranb.notebook.widgets` puts
+buttons on it, `astranb.notebook.viewer` renders it as HTML.
 """
 
 from __future__ import annotations
@@ -442,7 +443,7 @@ def _render_generate(step: Step) -> str:
     head = (f"[{step.index}] turn {step.turn} {step.role} -> {step.policy} "
             f"({how}, versions {versions or '?'})")
     tokens = " ".join(f"{t!r}({_lp(lp)}, v{v if v is not None else '?'})"
-                      for t, lp, v in zip(step.tokens, step.logprobs, step.versions))
+                      for t, lp, v in zip(step.tokens, step.logprobs, step.versions, strict=True))
     lines = [head, f"    prompt:     {step.prompt!r}", f"    completion: {step.completion!r}"]
     if tokens:
         lines.append(f"    tokens:     {tokens}")

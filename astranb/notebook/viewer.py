@@ -136,7 +136,7 @@ def _viewer(steps: Sequence[Step], title: str, position: int, root_id: str,
 
 def _generate(step: Step) -> str:
     tokens = "".join(_token(t, i, lp, v) for t, i, lp, v
-                     in zip(step.tokens, step.token_ids, step.logprobs, step.versions))
+                     in zip(step.tokens, step.token_ids, step.logprobs, step.versions, strict=True))
     if not tokens:  # an edit without a tokenizer: text only
         tokens = f'<span class="tok unknown" title="tokens unknown">{_e(step.completion)}</span>'
     return (f'<div class="label">prompt</div><pre>{_e(step.prompt)}</pre>'

@@ -74,9 +74,11 @@ class _Client:
 class RolloutClient(_Client):
     """Client of a rollout service (see astranb.services.rollout_app)."""
 
-    async def add_policy(self, name: str, model: dict, *, max_batch_size: int = 64, seed: int = 0) -> dict:
+    async def add_policy(self, name: str, model: dict, *, max_batch_size: int = 64,
+                         seed: int = 0) -> dict:
         return await self.request("POST", "/v1/policies", {"name": name, "model": model,
-                                                           "max_batch_size": max_batch_size, "seed": seed})
+                                                           "max_batch_size": max_batch_size,
+                                                           "seed": seed})
 
     async def register(self, name: str, roles: dict[str, str], kwargs: dict | None = None) -> str:
         answer = await self.request("POST", "/v1/environments",
@@ -116,8 +118,8 @@ class TrainerClient(_Client):
 
     async def weights(self, policy: str, have_version: int | None = None,
                       have_checksum: int | None = None) -> bytes:
-        params = {k: v for k, v in (("have_version", have_version), ("have_checksum", have_checksum))
-                  if v is not None}
+        pairs = (("have_version", have_version), ("have_checksum", have_checksum))
+        params = {k: v for k, v in pairs if v is not None}
         return await self.request("GET", f"/v1/weights/{policy}", params=params)
 
     async def checkpoint(self, policy: str) -> int:

@@ -144,7 +144,8 @@ class RolloutPool:
         """Stop using a rollout service; its in-flight episodes are resubmitted elsewhere."""
         member = self.members.get(url.rstrip("/"))
         if member is None or member.removed:
-            raise ValueError(f"{url} is not a rollout service of this session: {sorted(self.members)}")
+            raise ValueError(f"{url} is not a rollout service of this session: "
+                             f"{sorted(self.members)}")
         member.removed = True
         self._fail_over(member)
 
@@ -189,12 +190,14 @@ class RolloutPool:
             status = await member.client.status(timeout=5)
             for name, policy in self.policies.items():
                 await member.client.add_policy(name, spec_to_wire(policy.spec),
-                                               max_batch_size=policy.max_batch_size, seed=policy.seed)
+                                               max_batch_size=policy.max_batch_size,
+                                               seed=policy.seed)
             async with self._weights_lock:
                 for policy in self.policies.values():
                     await self._sync(member, policy.name, policy.version, policy.publisher)
                 for key, (env, roles, kwargs) in self._envs.items():
-                    member.env_ids[key] = await member.client.register(_env_name(env), roles, kwargs)
+                    member.env_ids[key] = await member.client.register(_env_name(env), roles,
+                                                                       kwargs)
                 fresh = member.instance_id != status["instance_id"]
                 if member.instance_id is not None and fresh:
                     self.counts["rejoins"] += 1
@@ -321,7 +324,9 @@ class RolloutPool:
             if member.state != "dead":
                 member.state = "new"  # catch up (idempotent) before the next episode
 
-    async def play(self, env: Environment, samples: list[tuple[str, dict, int, int]]) -> list[Trajectory]:
+    async def play(
+        self, env: Environment, samples: list[tuple[str, dict, int, int]]
+    ) -> list[Trajectory]:
         """Play episodes (id, sample, group, admitted_version) on the services; results in order."""
         key = id(env)
         if key not in self._envs:
@@ -356,7 +361,9 @@ class RolloutPool:
         return {**c, "awaited": waiting, "lost": lost}
 
     # -- weights -----------------------------------------------------------------------------------
-    async def publish(self, name: str, version: int, publisher: ServicesPublisher) -> dict[str, Any]:
+    async def publish(
+        self, name: str, version: int, publisher: ServicesPublisher
+    ) -> dict[str, Any]:
         """Bring every ready member to `version` of policy `name`; transfer metrics."""
         async with self._weights_lock:
             answers = {}

@@ -89,7 +89,8 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
         "error": t.error, "started_version": t.started_version,
         "turns": [
             {"role": turn.role, "policy": turn.policy,
-             "sampling": dataclasses.asdict(turn.sampling) | {"stop_token_ids": list(turn.sampling.stop_token_ids)},
+             "sampling": (dataclasses.asdict(turn.sampling)
+                          | {"stop_token_ids": list(turn.sampling.stop_token_ids)}),
              "generation": generation_to_wire(turn.generation)}
             for turn in t.turns
         ],
@@ -100,7 +101,8 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
 
 def trajectory_from_wire(d: Mapping[str, Any]) -> Trajectory:
     turns = tuple(
-        Turn(t["role"], t["policy"], generation_from_wire(t["generation"]), sampling_from_wire(t["sampling"]))
+        Turn(t["role"], t["policy"], generation_from_wire(t["generation"]),
+             sampling_from_wire(t["sampling"]))
         for t in d["turns"]
     )
     tool_calls = tuple(
@@ -135,8 +137,9 @@ def spec_from_wire(d: Mapping[str, Any]) -> ModelSpec:
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"tiny model config {spec.config} is not usable: {error!r}") from None
         if size > MAX_TINY_PARAMETERS:
-            raise ValueError(f"a tiny model of {size:,} parameters is more than this service builds "
-                             f"({MAX_TINY_PARAMETERS:,}); use a local model directory instead")
+            raise ValueError(f"a tiny model of {size:,} parameters is more than this service "
+                             f"builds ({MAX_TINY_PARAMETERS:,}); use a local model directory "
+                             "instead")
     return spec
 
 
@@ -165,7 +168,8 @@ def batch_from_bytes(blob: bytes) -> Batch:
     if len(set(rows.values())) != 1:
         raise ValueError(f"batch tensors disagree on the number of rows: {rows}")
     shape = tuple(batch.input_ids_B_T.shape)
-    for name in ("attention_mask_B_T", "loss_mask_B_T", "old_logp_B_T", "advantages_B_T", "versions_B_T"):
+    for name in ("attention_mask_B_T", "loss_mask_B_T", "old_logp_B_T", "advantages_B_T",
+                 "versions_B_T"):
         if tuple(getattr(batch, name).shape) != shape:
             raise ValueError(f"batch tensor {name} has shape {tuple(getattr(batch, name).shape)}, "
                              f"input_ids_B_T has {shape}")

@@ -159,7 +159,8 @@ class _Guard:
                 return await _send_error(send, 400, f"body is not valid msgpack: {error}")
             scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
                                          if k not in (b"content-type", b"content-length")]
-                         + [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())])
+                         + [(b"content-type", JSON.encode()),
+                            (b"content-length", str(len(body)).encode())])
         sent = False
 
         async def replay():

@@ -208,7 +208,7 @@ class RolloutService:
             engine, tokenizer = await anyio.to_thread.run_sync(self._build_engine, body)
         except Exception as error:  # a bad spec from the caller, not a service fault
             raise HTTPException(422, f"could not build the {self.config.engine} engine for "
-                                     f"{body.model.name!r}: {error}")
+                                     f"{body.model.name!r}: {error}") from error
         self.slots[body.name] = Slot(body.name, engine, tokenizer, spec)
         return self._policy_status(self.slots[body.name])
 
@@ -260,13 +260,16 @@ class RolloutService:
                 cls = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as error:
                 raise HTTPException(500, f"the service's --environment {name}={target} does not "
-                                         f"import: {error!r}; fix the service's command line")
+                                         f"import: {error!r}; "
+                                         "fix the service's command line") from error
             env = cls(**kwargs)
         except TypeError as error:
-            raise HTTPException(422, f"environment {name!r} rejected kwargs {kwargs}: {error}")
+            raise HTTPException(422, f"environment {name!r} rejected kwargs {kwargs}: "
+                                     f"{error}") from error
         except ValueError as error:
             extra = ", ".join(sorted(self.config.environments))
-            raise HTTPException(404, f"{error}" + (f" Also allowed here: {extra}." if extra else ""))
+            also = f" Also allowed here: {extra}." if extra else ""
+            raise HTTPException(404, f"{error}{also}") from error
         if not isinstance(env, Environment):
             raise HTTPException(500, f"{target} did not build an astranb Environment")
         return env
@@ -328,7 +331,8 @@ class RolloutService:
         slot = self._slot(body.policy)
         async with slot.lock:
             engine = slot.engine
-            if engine.version >= body.version and (body.checksum is None or body.checksum == engine.weights_checksum):
+            if engine.version >= body.version and (body.checksum is None
+                                                   or body.checksum == engine.weights_checksum):
                 return self._policy_status(slot) | {"kind": "none", "bytes": 0}
             headers = {"authorization": authorization} if authorization else {}
             url = f"{body.url.rstrip('/')}/v1/weights/{body.policy}"
@@ -338,16 +342,19 @@ class RolloutService:
                 lambda full: self._fetch(url, {} if full else have, headers),
                 lambda payload: self._apply(slot, payload))
             seconds = time.perf_counter() - started
-        return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload), "seconds": seconds}
+        return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload),
+                                            "seconds": seconds}
 
     async def _fetch(self, url: str, params: dict, headers: dict) -> bytes:
         params = {k: v for k, v in params.items() if v is not None}
         try:
             answer = await self._http.get(url, params=params, headers=headers)
         except httpx.HTTPError as error:
-            raise HTTPException(424, f"could not reach the trainer at {url}: {error!r}")
+            raise HTTPException(424, f"could not reach the trainer at {url}: "
+                                     f"{error!r}") from error
         if answer.status_code != 200:
-            raise HTTPException(424, f"trainer answered {answer.status_code} for {url}: {answer.text[:300]}")
+            raise HTTPException(424, f"trainer answered {answer.status_code} for {url}: "
+                                     f"{answer.text[:300]}")
         return answer.content
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:
@@ -356,7 +363,8 @@ class RolloutService:
             try:
                 applied = await self._apply(slot, payload)
             except weights.WeightTransferError as error:
-                raise HTTPException(409, f"{type(error).__name__}: {error}; send a full snapshot")
+                raise HTTPException(409, f"{type(error).__name__}: {error}; "
+                                         "send a full snapshot") from error
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload)}
 
     async def _apply(self, slot: Slot, payload: bytes) -> dict:
@@ -473,7 +481,8 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
     async def submit(body: SubmitIn) -> dict:
         return service.submit(body)
 
-    @app.post("/v1/pull", response_model=None, responses={200: {"description": "finished episodes"}})
+    @app.post("/v1/pull", response_model=None,
+              responses={200: {"description": "finished episodes"}})
     async def pull(body: PullIn, request: Request) -> Response:
         return reply(request, await service.pull(body))
 
@@ -481,8 +490,9 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
     async def notify_version(body: NotifyIn, request: Request) -> dict:
         return await service.sync_weights(body, request.headers.get("authorization"))
 
-    @app.post("/v1/weights/{policy}", openapi_extra={
-        "requestBody": {"required": True, "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
+    @app.post("/v1/weights/{policy}", openapi_extra={"requestBody": {
+        "required": True,
+        "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
     async def push_weights(policy: str, request: Request) -> dict:
         return await service.push_weights(policy, await request.body())
 

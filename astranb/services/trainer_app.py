@@ -49,7 +49,8 @@ class TrainerBackend(Protocol):
 
     world_size: int
 
-    def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamWConfig, micro_batch_size: int = 64) -> int: ...
+    def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamWConfig,
+               micro_batch_size: int = 64) -> int: ...
     def step(self, name: str, batch) -> dict[str, float]: ...
     def version(self, name: str) -> int: ...
     def weights(self, name: str) -> dict[str, torch.Tensor]: ...
@@ -68,7 +69,8 @@ class LocalBackend:
         self.trainers: dict[str, LocalTrainer] = {}
 
     def create(self, name, spec, algorithm, optimizer, micro_batch_size=64) -> int:
-        self.trainers[name] = LocalTrainer(spec, algorithm, optimizer, micro_batch_size=micro_batch_size,
+        self.trainers[name] = LocalTrainer(spec, algorithm, optimizer,
+                                           micro_batch_size=micro_batch_size,
                                            device=self.device, dtype=dtype_for(self.device))
         return 0
 
@@ -150,14 +152,16 @@ class TrainerService:
         try:
             spec = spec_from_wire(request["model"])
             algorithm = algorithm_from_dict(body.algorithm)
-            optimizer = AdamWConfig(**{k: tuple(v) if k == "betas" else v for k, v in body.optimizer.items()})
+            optimizer = AdamWConfig(**{k: tuple(v) if k == "betas" else v
+                                       for k, v in body.optimizer.items()})
         except (TypeError, ValueError, KeyError) as error:
-            raise HTTPException(422, f"invalid algorithm/optimizer: {error}")
+            raise HTTPException(422, f"invalid algorithm/optimizer: {error}") from error
         try:
             await self._call(self.backend.create, body.name, spec, algorithm, optimizer,
                              body.micro_batch_size)
         except Exception as error:  # a bad spec from the caller, not a service fault
-            raise HTTPException(422, f"could not build the trainer for {spec.name!r}: {error}")
+            raise HTTPException(422, f"could not build the trainer for {spec.name!r}: "
+                                     f"{error}") from error
         policy = _Policy(body.name, request, WeightStore(body.name, full_every=body.full_every))
         recovered = self._latest_checkpoint(body.name, request)
         if recovered is not None:
@@ -170,7 +174,8 @@ class TrainerService:
     async def step(self, name: str, expect_version: int, blob: bytes) -> dict:
         policy = self._policy(name)
         version = self.backend.version(name)
-        if policy.last_step and version == expect_version + 1 and policy.last_step["step"] == expect_version:
+        if (policy.last_step and version == expect_version + 1
+                and policy.last_step["step"] == expect_version):
             return policy.last_step  # a retry of the step we just took
         if version != expect_version:
             raise HTTPException(409, f"policy {name!r} is at version {version}, the batch expects "
@@ -231,8 +236,9 @@ class TrainerService:
         path = pointer.parent / json.loads(pointer.read_text())["path"]
         saved = json.loads((path / "policy.json").read_text())
         if saved != request:
-            raise HTTPException(409, f"the checkpoint in {path} was made with other policy settings; "
-                                     "use the same settings, or another --checkpoint-dir")
+            raise HTTPException(409, f"the checkpoint in {path} was made with other policy "
+                                     "settings; use the same settings, or another "
+                                     "--checkpoint-dir")
         return path
 
     # weights and status
@@ -262,7 +268,9 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def create_app(config: TrainerConfig | None = None, backend: TrainerBackend | None = None) -> FastAPI:
+def create_app(
+    config: TrainerConfig | None = None, backend: TrainerBackend | None = None
+) -> FastAPI:
     """The trainer service as an ASGI app over `backend` (default: LocalBackend on CPU)."""
     config = config or TrainerConfig()
     service = TrainerService(config, backend or LocalBackend())
@@ -280,14 +288,17 @@ def create_app(config: TrainerConfig | None = None, backend: TrainerBackend | No
     async def policies(body: TrainerPolicyIn) -> dict:
         return await service.add_policy(body)
 
-    @app.post("/v1/step/{policy}", response_model=None, openapi_extra={
-        "requestBody": {"required": True, "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
+    @app.post("/v1/step/{policy}", response_model=None, openapi_extra={"requestBody": {
+        "required": True,
+        "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
     async def step(policy: str, request: Request, expect_version: int = Query(ge=0)) -> Response:
         return reply(request, await service.step(policy, expect_version, await request.body()))
 
     @app.get("/v1/weights/{policy}", response_class=Response,
              responses={200: {"content": {OCTETS: {}}, "description": "weight payload"}})
-    async def get_weights(policy: str, have_version: int | None = None, have_checksum: int | None = None) -> Response:
+    async def get_weights(
+        policy: str, have_version: int | None = None, have_checksum: int | None = None
+    ) -> Response:
         payload = service.weights(policy, have_version, have_checksum)
         return Response(payload, media_type=OCTETS)
 

@@ -283,7 +283,7 @@ def _setup(config: SimConfig, schedule: str) -> _Setup:
     gpus = GpuPool(rollout, w.token_scale)
     lengths = {"solver": w.solver, "verifier": w.verifier}
     policies = {}
-    for name, pool in zip(POLICIES, pools):
+    for name, pool in zip(POLICIES, pools, strict=True):
         engine = SimEngine(name, gpus, lengths[name], seed=config.seed)
         trainer = SimTrainer(pool, training, w.token_scale)
         policies[name] = sim_policy(name, engine, trainer, GRPO(filter_groups=config.filter_groups))

@@ -7,9 +7,9 @@ is the engine's timed in-flight update.
 
 A simulated policy is the real Policy with a `SimPublisher`, whose publish awaits the engine's
 update on the event loop. The in-process publishers copy weights in a worker thread and wait on a
-concurrent Future through asyncio; under the virtual clock a worker thread would let the clock jump while it runs, and
-asyncio does not exist under trio. Everything else (train_step awaiting an async trainer,
-version, algorithm) is Policy's own code.
+concurrent Future through asyncio; under the virtual clock a worker thread would let the clock
+jump while it runs, and asyncio does not exist under trio. Everything else (train_step awaiting
+an async trainer, version, algorithm) is Policy's own code.
 """
 
 from __future__ import annotations

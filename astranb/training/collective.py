@@ -5,7 +5,8 @@ rank 0 talks to the outside world (an HTTP server, a notebook), so it turns each
 command, broadcasts it, and every rank, rank 0 included, runs the same handler on it. Ranks > 0
 sit in `Collective.follow()` until rank 0 sends "shutdown".
 
-Wire format: no pickle anywhere (house rule), so a command is two broadcasts of plain tensors:
+Wire format: no pickle on any wire or file another process reads, so a command is two
+broadcasts of plain tensors:
 
     1. int64[2]   byte lengths of the JSON header and of the tensor blob
     2. uint8[n]   UTF-8 JSON {"name": ..., "args": ...}, then `safetensors.torch.save` bytes

@@ -28,14 +28,14 @@ micro_batch_size only when the share, ceil(B / world), is a multiple of it (or a
 B a multiple of the share). GRPO's loss is per token and matches for any split.
 
 Checkpoints. torch.distributed.checkpoint's FileSystemWriter would write each rank's shard in
-parallel, but it stores the checkpoint's `.metadata` file with pickle, which the house rules
-forbid on disk and wire alike. So `save` gathers the full model and optimizer state to rank 0
-(torch.distributed.checkpoint.state_dict, full_state_dict + cpu_offload) and writes LocalTrainer's
-format, safetensors + JSON: model.safetensors, optimizer.safetensors, trainer.json. It writes a
-temporary directory and renames it into place, so a kill mid-save leaves the previous checkpoint
-(or none), never half of one. `load` reads on rank 0 and broadcasts each tensor, every rank
-keeping its shard (`broadcast_from_rank0`). The price is that the whole state must fit in rank 0's
-CPU memory. The files are LocalTrainer's: either trainer can load what the other saved.
+parallel, but it stores the checkpoint's `.metadata` file with pickle, and astranb puts no pickle
+on any wire or file another process reads. So `save` gathers the full model and optimizer state to
+rank 0 (torch.distributed.checkpoint.state_dict, full_state_dict + cpu_offload) and writes
+LocalTrainer's format, safetensors + JSON: model.safetensors, optimizer.safetensors, trainer.json.
+It writes a temporary directory and renames it into place, so a kill mid-save leaves the previous
+checkpoint (or none), never half of one. `load` reads on rank 0 and broadcasts each tensor, every
+rank keeping its shard (`broadcast_from_rank0`). The price is that the whole state must fit in
+rank 0's CPU memory. The files are LocalTrainer's: either trainer can load what the other saved.
 
     # serve.py; run with: torchrun --nproc-per-node 2 serve.py
     import astranb as ab
@@ -182,7 +182,7 @@ class _Replica:
         keys = sorted(totals)  # every rank ran the same loss code, so the key sets agree
         values = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(values)
-        summed = dict(zip(keys, values.tolist()))
+        summed = dict(zip(keys, values.tolist(), strict=True))
         return {k: summed[k] for k in totals}
 
     def gather(self, command: Command):
@@ -244,12 +244,13 @@ class FSDPBackend:
         name: str,
         spec: ModelSpec,
         algorithm: Algorithm,
-        optimizer: AdamWConfig = AdamWConfig(),
+        optimizer: AdamWConfig | None = None,
         micro_batch_size: int = 64,
     ) -> int:
         """Build policy `name`'s model on every rank and shard it; returns its version (0).
 
         A policy of the same name is replaced (as LocalBackend does), optimizer state and all.
+        `optimizer` None means `AdamWConfig()`.
 
         Raises:
             ValueError: micro_batch_size < 1.
@@ -261,7 +262,7 @@ class FSDPBackend:
             "name": name,
             "spec": asdict(spec),
             "algorithm": algorithm_to_dict(algorithm),
-            "optimizer": asdict(optimizer),
+            "optimizer": asdict(optimizer if optimizer is not None else AdamWConfig()),
             "micro_batch_size": micro_batch_size,
         }
         return self._channel.call("create", args)

@@ -54,7 +54,8 @@ class AdamWConfig:
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"AdamWConfig lr must be a positive number, got {self.lr!r}; e.g. lr=1e-3")
+            raise ValueError(f"AdamWConfig lr must be a positive number, got {self.lr!r}; "
+                             "e.g. lr=1e-3")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
 

@@ -29,6 +29,7 @@ import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,7 +93,7 @@ class Header:
     """checksum() of the base weights (None for a full snapshot)."""
     checksum: int
     """checksum() of the resulting weights."""
-    tensors: list[dict] = field(repr=False)
+    tensors: list[dict[str, Any]] = field(repr=False)
     """Per tensor: name, dtype, shape, scheme, changed count, section sizes."""
     total_bytes: int = 0
     """Payload size."""
@@ -184,7 +185,8 @@ def decode(
         out = {name: t.detach().clone(memory_format=torch.contiguous_format)
                for name, t in old.items()}
     else:
-        out = {e["name"]: torch.empty(e["shape"], dtype=dtype_named(e["dtype"])) for e in header.tensors}
+        out = {e["name"]: torch.empty(e["shape"], dtype=dtype_named(e["dtype"]))
+               for e in header.tensors}
     _apply_sections(header, body, out)
     _check_result(header, out)
     return out
@@ -219,7 +221,9 @@ def apply(
 
 
 # -- per tensor ------------------------------------------------------------------------------------
-def _encode_tensor(name, old_bits, new_bits, tensor) -> tuple[dict, list[bytes]]:
+def _encode_tensor(
+    name: str, old_bits: np.ndarray, new_bits: np.ndarray, tensor: torch.Tensor
+) -> tuple[dict[str, Any], list[bytes]]:
     changed = _changed_positions(old_bits, new_bits)
     n, size = changed.size, new_bits.size
     if n == 0:
@@ -239,13 +243,15 @@ def _encode_tensor(name, old_bits, new_bits, tensor) -> tuple[dict, list[bytes]]
     return entry, [*pos_parts, values]
 
 
-def _decode_tensor(entry: dict, parts: list[memoryview], bits: np.ndarray) -> None:
+def _decode_tensor(entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray) -> None:
     scheme, n = entry["scheme"], entry["changed"]
     if scheme == "same" or bits.size == 0:
         return
     if scheme == "raw":
         if len(parts[0]) != bits.nbytes:
-            raise CorruptPayload(f"tensor {entry['name']!r}: {len(parts[0])} bytes, expected {bits.nbytes}")
+            raise CorruptPayload(
+                f"tensor {entry['name']!r}: {len(parts[0])} bytes, expected {bits.nbytes}"
+            )
         bits[:] = np.frombuffer(parts[0], dtype=bits.dtype)
         return
     if scheme == "dense":
@@ -346,7 +352,9 @@ def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
         raise CorruptPayload("empty value stream")
     mode, planes = bytes(part[:1]), _unzstd(part[1:], n * old.dtype.itemsize)
     if len(planes) != n * old.dtype.itemsize:
-        raise CorruptPayload(f"value stream holds {len(planes)} bytes, expected {n * old.dtype.itemsize}")
+        raise CorruptPayload(
+            f"value stream holds {len(planes)} bytes, expected {n * old.dtype.itemsize}"
+        )
     values = _unplanes(planes, old.dtype, n)
     if mode == b"r":
         return values
@@ -354,7 +362,8 @@ def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
         raise CorruptPayload(f"unknown value mode {mode!r}")
     # undo the zig-zag map, then add in wrap-around (mod 2^bits) arithmetic
     signed = (values >> 1) ^ (np.zeros_like(values) - (values & 1))
-    return old + signed
+    result: np.ndarray = old + signed
+    return result
 
 
 def _planes(values: np.ndarray) -> bytes:
@@ -368,9 +377,13 @@ def _unplanes(data: bytes, dtype: np.dtype, n: int) -> np.ndarray:
 
 
 # -- frame -----------------------------------------------------------------------------------------
-def _frame(kind: int, meta: dict, entries: list[dict], sections: list[bytes]) -> bytes:
+def _frame(
+    kind: int, meta: dict[str, Any], entries: list[dict[str, Any]], sections: list[bytes]
+) -> bytes:
     for entry in entries:
-        entry.setdefault("sections", [entry["positions"] + entry["values"]] if entry["values"] else [])
+        entry.setdefault(
+            "sections", [entry["positions"] + entry["values"]] if entry["values"] else []
+        )
     header = _zstd(json.dumps({**meta, "tensors": entries}).encode())
     body_len = sum(map(len, sections))
     total = _PREFIX.size + len(header) + body_len + _TRAILER.size
@@ -435,7 +448,7 @@ def layout_mismatch(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Ten
     return None
 
 
-def _check_same_layout(old, new) -> None:
+def _check_same_layout(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> None:
     problem = layout_mismatch(old, new)
     if problem:
         raise ValueError(problem)
@@ -471,7 +484,9 @@ def _check_result(header: Header, tensors: Mapping[str, torch.Tensor]) -> None:
         )
 
 
-def _entry(name, tensor, scheme, changed, *, positions, values) -> dict:
+def _entry(
+    name: str, tensor: torch.Tensor, scheme: str, changed: int, *, positions: int, values: int
+) -> dict[str, Any]:
     return {"name": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape),
             "itemsize": tensor.element_size(), "scheme": scheme, "changed": int(changed),
             "positions": positions, "values": values}
@@ -502,19 +517,21 @@ def _zstd(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
 
 
-def _unzstd(data, limit: int) -> bytes:
+def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
     """Decompress at most `limit` bytes; a frame that claims more is refused before allocating."""
     data = bytes(data)
     try:
         claimed = zstandard.frame_content_size(data)
         if claimed > limit:
-            raise CorruptPayload(f"compressed section claims {claimed} bytes, at most {limit} expected")
+            raise CorruptPayload(
+                f"compressed section claims {claimed} bytes, at most {limit} expected"
+            )
         return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"compressed section does not decompress: {error}") from error
 
 
-def _check_table(entries: list) -> None:
+def _check_table(entries: list[dict[str, Any]]) -> None:
     """Every tensor entry has the fields and types the decoder relies on."""
     for e in entries:
         if not (isinstance(e["name"], str) and isinstance(e["shape"], list)

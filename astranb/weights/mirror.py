@@ -16,7 +16,9 @@ class Mirror:
         self.tensors: dict[str, torch.Tensor] | None = None
         self.checksum: int | None = None
 
-    def apply(self, payload: bytes, *, policy: str | None = None, version: int | None = None) -> Header:
+    def apply(
+        self, payload: bytes, *, policy: str | None = None, version: int | None = None
+    ) -> Header:
         """Bring the mirror to the payload's version: a full snapshot replaces it, a delta is
         applied in place against the current checksum.
 
@@ -33,14 +35,18 @@ class Mirror:
         """
         header = peek(payload)
         if policy is not None and header.policy != policy:
-            raise ValueError(f"payload is for policy {header.policy!r}, this engine serves {policy!r}")
+            raise ValueError(
+                f"payload is for policy {header.policy!r}, this engine serves {policy!r}"
+            )
         if version is not None and header.version != version:
             raise ValueError(f"payload makes version {header.version}, update says {version}")
         if header.kind == "full":
             self.tensors, self.checksum = decode(None, payload), header.checksum
             return header
         if self.tensors is None:
-            raise BaseMismatch("the engine holds no published weights yet; send a full snapshot first")
+            raise BaseMismatch(
+                "the engine holds no published weights yet; send a full snapshot first"
+            )
         try:
             apply(self.tensors, payload, base_checksum=self.checksum)
         except CorruptPayload:

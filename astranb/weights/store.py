@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codec import checksum, encode, encode_full, layout_mismatch, peek
+from .codec import Header, checksum, encode, encode_full, layout_mismatch, peek
 
 __all__ = ["WeightStore", "PublishStats"]
 
@@ -50,7 +50,9 @@ class WeightStore:
 
     def __init__(self, policy: str, *, full_every: int = 10, dtype: torch.dtype = torch.bfloat16):
         if full_every < 0:
-            raise ValueError(f"full_every must be >= 0 (0 never forces a full sync), got {full_every}")
+            raise ValueError(
+                f"full_every must be >= 0 (0 never forces a full sync), got {full_every}"
+            )
         self.policy = policy
         self.full_every = full_every
         self.dtype = dtype
@@ -59,7 +61,7 @@ class WeightStore:
         self._version = -1
         self._checksum: int | None = None
         self._delta: bytes | None = None
-        self._delta_header = None
+        self._delta_header: Header | None = None
         self._full: bytes | None = None
 
     @property
@@ -74,7 +76,8 @@ class WeightStore:
 
     def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> PublishStats:
         """Record `weights` as `version` (converted to the store's dtype, copied)."""
-        new = {k: v.detach().to("cpu", self.dtype, copy=True).contiguous() for k, v in weights.items()}
+        new = {k: v.detach().to("cpu", self.dtype, copy=True).contiguous()
+               for k, v in weights.items()}
         start = time.perf_counter()
         with self._lock:
             old, old_version = self._weights, self._version
@@ -97,8 +100,8 @@ class WeightStore:
         with self._lock:
             if self._weights is None:
                 raise LookupError(f"nothing published yet for policy {self.policy!r}")
-            if self._delta is not None and not self._full_sync_due():
-                header = self._delta_header
+            header = self._delta_header  # set together with _delta: None exactly when it is
+            if self._delta is not None and header is not None and not self._full_sync_due():
                 if have_version == header.base_version and have_checksum == header.base_checksum:
                     return self._delta
             if self._full is None:

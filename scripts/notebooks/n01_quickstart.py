@@ -29,7 +29,8 @@ CELLS = [
     ),
     new_code_cell(
         "import os\nimport tempfile\n\n"
-        "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs this notebook small and fast\n"
+        "if os.environ.get(\"ASTRANB_SMOKE\"):"
+            "  # the test suite runs this notebook small and fast\n"
         "    steps, batch_size, eval_episodes = 3, 16, 16\n"
         "    run_dir = results_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")"
     ),

@@ -32,7 +32,8 @@ CELLS = [
     ),
     new_code_cell(
         "import os\nimport tempfile\n\n"
-        "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs this notebook small and fast\n"
+        "if os.environ.get(\"ASTRANB_SMOKE\"):"
+            "  # the test suite runs this notebook small and fast\n"
         "    steps, batch_size, eval_episodes = 3, 16, 16\n"
         "    run_dir = results_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")"
     ),
@@ -46,9 +47,11 @@ CELLS = [
         "import astranb as ab\n\n"
         "session = ab.Session(run_dir)\n"
         "solver = session.policy(\"solver\", model=ab.models.tiny(),\n"
-        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamWConfig(lr=lr))\n"
+        "                        algorithm=ab.GRPO(entropy_coef=0.05),"
+            " optimizer=ab.AdamWConfig(lr=lr))\n"
         "verifier = session.policy(\"verifier\", model=ab.models.tiny(),\n"
-        "                          algorithm=ab.GRPO(filter_groups=False), optimizer=ab.AdamWConfig(lr=lr))\n"
+        "                          algorithm=ab.GRPO(filter_groups=False),"
+            " optimizer=ab.AdamWConfig(lr=lr))\n"
         'env = ab.environments.load("actor_verifier", max_value=max_value)\n'
         "session.wire(env, solver=solver, verifier=verifier)\n"
         "session.wiring"
@@ -84,7 +87,8 @@ CELLS = [
         "    ax_own.plot(by_version.index, by_version.values, label=role)\n"
         'for name, part in run.metrics.groupby("policy"):\n'
         '    ax_batch.plot(part["step"], part["batch_reward"], label=name)\n'
-        'ax_own.set(xlabel="weight version", ylabel="own-role episode reward", ylim=(-0.02, 1.02))\n'
+        'ax_own.set(xlabel="weight version", ylabel="own-role episode reward",'
+            ' ylim=(-0.02, 1.02))\n'
         'ax_batch.set(xlabel="step", ylabel="batch_reward (run.metrics)", ylim=(-0.02, 1.02))\n'
         "for ax in (ax_own, ax_batch):\n"
         "    ax.grid(alpha=0.3)\n"
@@ -109,7 +113,8 @@ CELLS = [
         "split"
     ),
     new_code_cell(
-        'run.metrics.groupby("policy").tail(2)[["policy", "step", "batch_reward", "staleness_max",\n'
+        'run.metrics.groupby("policy").tail(2)[["policy", "step", "batch_reward",'
+            ' "staleness_max",\n'
         '                                       "filtered_groups", "wait_seconds", "step_seconds"]]'
     ),
     new_markdown_cell("An episode in which the verifier rejected and the solver tried again:"),

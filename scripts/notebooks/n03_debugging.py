@@ -28,7 +28,8 @@ CELLS = [
     ),
     new_code_cell(
         "import os\nimport tempfile\n\n"
-        "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs this notebook small and fast\n"
+        "if os.environ.get(\"ASTRANB_SMOKE\"):"
+            "  # the test suite runs this notebook small and fast\n"
         "    steps, batch_size = 2, 16\n"
         "    run_dir = results_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")"
     ),
@@ -36,7 +37,8 @@ CELLS = [
         "import astranb as ab\n\n"
         "session = ab.Session(run_dir)\n"
         "policy = session.policy(\"solver\", model=ab.models.tiny(),\n"
-        "                        algorithm=ab.GRPO(entropy_coef=0.05), optimizer=ab.AdamWConfig(lr=lr))\n"
+        "                        algorithm=ab.GRPO(entropy_coef=0.05),"
+            " optimizer=ab.AdamWConfig(lr=lr))\n"
         'env = ab.environments.load("arithmetic")\n'
         "session.wire(env, solver=policy)\n"
         "run = session.train(steps=steps, batch_size=batch_size, group_size=group_size,\n"

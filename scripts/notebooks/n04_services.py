@@ -32,7 +32,8 @@ CELLS = [
     ),
     new_code_cell(
         "import os\nimport tempfile\n\n"
-        "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs this notebook small and fast\n"
+        "if os.environ.get(\"ASTRANB_SMOKE\"):"
+            "  # the test suite runs this notebook small and fast\n"
         "    steps, batch_size, failover_steps = 3, 16, 6\n"
         "    run_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")"
     ),
@@ -48,7 +49,8 @@ CELLS = [
         "import astranb as ab\n"
         "from astranb.services.local import launch_local\n\n"
         "services = launch_local(rollout=rollout_services, trainer=True,\n"
-        '                        log_dir=os.path.join(run_dir, "services"), threads=service_threads)\n'
+        '                        log_dir=os.path.join(run_dir, "services"),'
+            ' threads=service_threads)\n'
         "services"
     ),
     new_markdown_cell(
@@ -59,7 +61,8 @@ CELLS = [
         "is how long a silent rollout service is given before its episodes go to the others."
     ),
     new_code_cell(
-        "session = ab.Session(run_dir, rollout=services.rollout_urls, trainer=services.trainer_url,\n"
+        "session = ab.Session(run_dir, rollout=services.rollout_urls,"
+            " trainer=services.trainer_url,\n"
         "                     failure_timeout=2.0)\n"
         "policy = session.policy(\n"
         '    "solver",\n'
@@ -84,7 +87,8 @@ CELLS = [
         "await run"
     ),
     new_code_cell(
-        'run.metrics[["step", "version", "reward", "staleness_max", "transfer_kind", "transfer_bytes",\n'
+        'run.metrics[["step", "version", "reward", "staleness_max", "transfer_kind",'
+            ' "transfer_bytes",\n'
         '             "rollout_services", "rollout_versions"]].tail()'
     ),
     new_markdown_cell(
@@ -119,7 +123,8 @@ CELLS = [
     new_code_cell(
         "import asyncio\n\n"
         "if kill_one_rollout and len(services.rollout) > 1:\n"
-        "    run = session.train(steps=failover_steps, batch_size=batch_size, group_size=group_size,\n"
+        "    run = session.train(steps=failover_steps, batch_size=batch_size,"
+            " group_size=group_size,\n"
         "                        max_staleness=max_staleness)\n"
         "    while len(run.metrics) < 2 and not run.done:\n"
         "        await asyncio.sleep(0.1)\n"
@@ -136,7 +141,8 @@ CELLS = [
     ),
     new_code_cell(
         "if kill_one_rollout and len(services.rollout) > 1:\n"
-        '    display(run.metrics[["step", "version", "reward", "staleness_max", "rollout_services"]])'
+        '    display(run.metrics[["step", "version", "reward", "staleness_max",'
+            ' "rollout_services"]])'
     ),
     new_markdown_cell("## Shut everything down"),
     new_code_cell("session.close()\nservices.close()\nservices"),

@@ -30,7 +30,8 @@ CELLS = [
     ),
     new_code_cell(
         "import os\n\n"
-        "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs this notebook small and fast\n"
+        "if os.environ.get(\"ASTRANB_SMOKE\"):"
+            "  # the test suite runs this notebook small and fast\n"
         "    hidden_size, num_layers, steps = 64, 2, 2"
     ),
     new_markdown_cell(
@@ -45,20 +46,24 @@ CELLS = [
         "import astranb as ab\n"
         "from astranb import weights\n\n"
         "torch.manual_seed(seed)\n"
-        "spec = ab.models.tiny(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads)\n"
+        "spec = ab.models.tiny(hidden_size=hidden_size, num_layers=num_layers,"
+            " num_heads=num_heads)\n"
         "tokenizer = spec.tokenizer()\n"
         "model = spec.build().train()  # fp32 master weights\n"
         "optimizer = torch.optim.AdamW(model.parameters(), lr=lr)\n\n\n"
         "def published() -> dict[str, torch.Tensor]:\n"
         '    """The bf16 copy of the weights a trainer publishes."""\n'
         "    state = model.state_dict()\n"
-        "    return {name: t.detach().to(torch.bfloat16, copy=True) for name, t in state.items()}\n\n\n"
+        "    return {name: t.detach().to(torch.bfloat16, copy=True)"
+            " for name, t in state.items()}\n\n\n"
         "def sums_batch(n: int) -> torch.Tensor:\n"
         '    """n strings like "3+4=7" as padded token ids."""\n'
         "    a, b = torch.randint(0, 10, (2, n))\n"
-        '    rows = [tokenizer.encode(f"{x}+{y}={x + y}") for x, y in zip(a.tolist(), b.tolist())]\n'
+        '    rows = [tokenizer.encode(f"{x}+{y}={x + y}")'
+            ' for x, y in zip(a.tolist(), b.tolist())]\n'
         "    width = max(map(len, rows))\n"
-        "    return torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])\n\n\n"
+        "    return torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r))"
+            " for r in rows])\n\n\n"
         "snapshots = [published()]  # snapshots[v] = the weights of version v\n"
         "for step in range(steps):\n"
         "    ids = sums_batch(batch_size)\n"
@@ -109,7 +114,8 @@ CELLS = [
     ),
     new_code_cell(
         "old, new = snapshots[-2], snapshots[-1]\n"
-        "payload = weights.encode(old, new, policy=\"demo\", base_version=steps - 1, version=steps)\n"
+        "payload = weights.encode(old, new, policy=\"demo\", base_version=steps - 1,"
+            " version=steps)\n"
         "header = weights.peek(payload)\n"
         "{\n"
         '    "kind": header.kind,\n'
@@ -140,7 +146,8 @@ CELLS = [
         'tensors["elements"] = [int(torch.Size(s).numel()) for s in tensors["shape"]]\n'
         'tensors["changed_fraction"] = tensors["changed"] / tensors["elements"]\n'
         'tensors["name"] = tensors["name"].str.replace("model.layers.", "L", regex=False)\n'
-        'columns = ["shape", "scheme", "elements", "changed", "changed_fraction", "positions", "values",\n'
+        'columns = ["shape", "scheme", "elements", "changed", "changed_fraction", "positions",'
+            ' "values",\n'
         '           "sections"]\n'
         'tensors = tensors.set_index("name")[columns]\n'
         'tensors.style.format({"changed_fraction": "{:.2%}"})'
@@ -192,7 +199,8 @@ CELLS = [
         "store.publish(steps - 1, old)\n"
         "store.publish(steps, new)\n\n\n"
         "def receive(mirror, have_version, have_checksum=None, damage=None) -> str:\n"
-        '    """Bring a receiver to the store\'s version; on any failure, fall back to a full snapshot."""\n'
+        '    """Bring a receiver to the store\'s version; on any failure,'
+            ' fall back to a full snapshot."""\n'
         "    claimed = mirror.checksum if have_checksum is None else have_checksum\n"
         "    payload = store.pull(have_version, claimed)\n"
         "    if damage is not None:\n"
@@ -223,7 +231,8 @@ CELLS = [
         "drifted[first].view(-1)[0] += 1\n"
         "wrong = weights.Mirror()\n"
         "wrong.set(drifted)\n"
-        'print("asking with its own checksum:", weights.peek(store.pull(steps - 1, wrong.checksum)).kind)\n'
+        'print("asking with its own checksum:",'
+            ' weights.peek(store.pull(steps - 1, wrong.checksum)).kind)\n'
         'print("claiming the right base:")\n'
         'print("  ->", receive(wrong, steps - 1, have_checksum=header.base_checksum))\n'
         "assert wrong.checksum == store.checksum"
@@ -238,7 +247,8 @@ CELLS = [
         "    damaged = bytearray(payload)\n"
         "    damaged[len(damaged) // 2] ^= 0x01\n"
         "    return bytes(damaged)\n\n\n"
-        "for label, damage in ((\"one bit flipped\", flip_one_bit), (\"truncated\", lambda p: p[:-100])):\n"
+        "for label, damage in ((\"one bit flipped\", flip_one_bit),"
+            " (\"truncated\", lambda p: p[:-100])):\n"
         "    receiver = weights.Mirror()\n"
         "    receiver.set(old)\n"
         '    print(f"{label}:")\n'

@@ -15,7 +15,7 @@ from astranb import models, weights
 from astranb.engines import SGLangEngine
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
@@ -31,7 +31,8 @@ EOS = SPEC.tokenizer().eos_token_id
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     directory = SPEC.save(tmp_path_factory.mktemp("tiny-qwen3"))
-    with SGLangEngine(models.local(directory), server_args=SERVER_ARGS, launch_timeout=900) as engine:
+    with SGLangEngine(models.local(directory), server_args=SERVER_ARGS,
+                      launch_timeout=900) as engine:
         yield engine
 
 

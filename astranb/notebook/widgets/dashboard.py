@@ -1,10 +1,10 @@
 """The live run dashboard: one plotly FigureWidget with every panel, a status line, a Stop button.
 
 It only observes: metrics events from the run set a flag, and a throttle thread redraws at most
-once per `interval` seconds with one batched figure update (redraws from a thread reach the
-frontend and are captured by nbclient; see reference/notebook-facts.md). Only one FigureWidget:
-each carries ~5 MB of JavaScript in a saved notebook. A failing redraw shows its error in the
-status line and stops the redraws; the run goes on. Stop only asks the run to stop.
+once per `interval` seconds with one batched figure update (redraws made from that thread reach the
+frontend, and nbclient captures them when a notebook runs headless). Only one FigureWidget: each
+carries ~5 MB of JavaScript in a saved notebook. A failing redraw shows its error in the status
+line and stops the redraws; the run goes on. Stop only asks the run to stop.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class LiveDashboard(View):
     def _redraw(self) -> None:
         spec = self.figure()
         with self.fig.batch_update():
-            for trace, new in zip(self.fig.data, spec["data"]):
+            for trace, new in zip(self.fig.data, spec["data"], strict=True):
                 trace.x, trace.y = new["x"], new["y"]
         self.status_html.value = self._status_html()
         if self.run.done:

@@ -27,8 +27,9 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from astranb import Environment, SamplingParams
 from astranb_arithmetic import Arithmetic, check
+
+from astranb import Environment, SamplingParams
 
 from .report import early_late, role_rewards
 
