@@ -2,6 +2,8 @@
 
 import inspect
 
+import pytest
+
 import astranb as ab
 
 
@@ -55,6 +57,7 @@ def test_main_signatures():
         assert getattr(contract, "_is_protocol", False), contract
 
 
+@pytest.mark.slow  # a fresh interpreter; test_layers.py checks the same imports
 def test_core_never_imports_widget_libraries():
     import subprocess
     import sys

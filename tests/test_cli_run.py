@@ -97,6 +97,7 @@ def test_parameters_are_applied_and_both_files_written(tmp_path):
     assert "Executing" in done.stderr  # papermill's progress bar
 
 
+@pytest.mark.slow  # executes a notebook in a kernel
 def test_a_failing_cell_still_writes_both_files_and_exits_1(tmp_path, capsys):
     nb = write_notebook(tmp_path / "bad.ipynb", "print('before the failure')",
                         "raise ValueError('deliberate failure')", "print('never printed')",

@@ -158,6 +158,7 @@ def make_session(tmp_path):
     return session
 
 
+@pytest.mark.slow  # a 30-step training run
 def test_live_dashboard_throttles_and_ends_with_the_last_step(tmp_path):
     session = make_session(tmp_path)
     with session:

@@ -55,6 +55,7 @@ def run_script(tmp_path, body: str) -> tuple[float, subprocess.CompletedProcess]
     return gap, proc
 
 
+@pytest.mark.slow  # a real training script in a subprocess
 def test_trains_waits_and_exits_without_close(tmp_path):
     gap, proc = run_script(tmp_path, """
         run = session.train(steps=2, batch_size=8, group_size=4, max_staleness=1)
@@ -65,6 +66,7 @@ def test_trains_waits_and_exits_without_close(tmp_path):
     assert gap < EXIT_WITHIN
 
 
+@pytest.mark.slow  # a real training script in a subprocess
 def test_trains_without_waiting_stops_the_run_and_exits(tmp_path):
     # far more steps than could finish within EXIT_WITHIN: the exit stops the run
     gap, proc = run_script(tmp_path, """
@@ -76,11 +78,13 @@ def test_trains_without_waiting_stops_the_run_and_exits(tmp_path):
         assert len(rows.read_text().splitlines()) < 10_000
 
 
+@pytest.mark.slow  # a real training script in a subprocess
 def test_never_trains_and_exits(tmp_path):
     gap, _ = run_script(tmp_path, "")
     assert gap < EXIT_WITHIN
 
 
+@pytest.mark.slow  # a real training script in a subprocess
 def test_closed_explicitly_twice_and_exits(tmp_path):
     gap, proc = run_script(tmp_path, """
         run = session.train(steps=1, batch_size=8, group_size=4).wait(progress=False)

@@ -27,15 +27,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "astranb"
 # `import astranb` never loads it): the display hooks of core objects and the lazy facade names.
 LAZY_NOTEBOOK_HOOKS = {
     ("astranb", "__getattr__"),                     # ab.debug, ab.EpisodeDebugger
-    ("astranb.types", "_repr_html_"),               # Trajectory shows as the step viewer
     ("astranb.recorder", "show"),                   # Episode.show()
     ("astranb.recorder", "debugger"),               # Episode.debugger()
     ("astranb.run", "dashboard"),                   # run.dashboard()
     ("astranb.run", "_repr_html_"),
     ("astranb.policy", "_repr_html_"),
     ("astranb.session", "_repr_html_"),
-    ("astranb.wiring", "_repr_html_"),
-    ("astranb.wiring", "html"),
 }
 
 SESSION_LAYER = {"astranb.session", "astranb.cli"}
@@ -188,6 +185,7 @@ def test_the_rules_catch_a_violation(tmp_path, monkeypatch):
     assert violations(rule) == [f"{Path('astranb/weights/bad.py')}:2 imports astranb.session"]
 
 
+@pytest.mark.slow  # three fresh interpreters; the static rules above stay fast
 @pytest.mark.parametrize("module", ["astranb", "astranb.session", "astranb.wiring"])
 def test_importing_the_core_loads_no_ui_and_no_server(module):
     # a fresh interpreter: other tests in this process load the UI on purpose

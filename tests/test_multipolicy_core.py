@@ -118,6 +118,7 @@ def _spread_observer(session, spreads):
     return observe
 
 
+@pytest.mark.slow  # two full training runs with a deliberately slow trainer
 def test_barrier_keeps_versions_within_one_and_independent_does_not(tmp_path):
     spreads = {}
     for mode in ("barrier", "independent"):

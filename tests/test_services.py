@@ -195,6 +195,7 @@ def test_remote_session_trains_and_every_service_holds_the_trainers_weights(tmp_
         assert set(session.evaluate(n=8)) == {"solver"}
 
 
+@pytest.mark.slow  # a failover run over several training runs
 def test_a_rollout_service_that_goes_silent_loses_no_episode(tmp_path):
     session, apps, transports = in_process_services(
         lambda **kw: ab.Session(tmp_path, failure_timeout=0.3, **kw), trainer=False)
@@ -303,6 +304,7 @@ def test_an_environment_the_service_does_not_know_fails_the_run_with_the_reason(
             run.wait(progress=False)
 
 
+@pytest.mark.slow  # a failover run over several training runs
 def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(tmp_path):
     """checkpoint_every=2; the trainer 'dies' at version 3 and comes back from version 2."""
     session, apps, transports = in_process_services(lambda **kw: ab.Session(tmp_path, **kw))
@@ -331,6 +333,7 @@ def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(
         assert (engine.version, engine.weights_checksum) == (7, policy.weights_checksum)
 
 
+@pytest.mark.slow  # a failover run over several training runs
 def test_rollout_services_join_and_leave_while_a_run_goes_on(tmp_path):
     session, apps, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw), rollouts=2,
                                            trainer=False)

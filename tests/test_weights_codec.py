@@ -474,7 +474,7 @@ def _corrupt_bits_everywhere_are_detected(kind: str, bits) -> None:
             peek(bad)
 
 
-@pytest.mark.parametrize("kind", ["delta", "full"])
+@pytest.mark.parametrize("kind", ["delta", pytest.param("full", marks=pytest.mark.slow)])
 def test_every_single_bit_flip_is_detected(kind):
     _corrupt_bits_everywhere_are_detected(kind, range(len(PAYLOADS[kind]) * 8))
 
