@@ -110,8 +110,10 @@ class Trainer(Protocol):
 class Publisher(Protocol):
     """Brings whatever samples for a policy to the trainer's current version."""
 
-    where: str
-    """Where the policy's rollouts run, in words ("this process", "2 rollout service(s)")."""
+    @property
+    def where(self) -> str:
+        """Where the policy's rollouts run, in words ("this process", "2 rollout service(s)")."""
+        ...
 
     @property
     def checksum(self) -> int | None:
@@ -147,8 +149,10 @@ class RemoteEpisodes(Protocol):
 
     def episode_ids(self, group: int, n: int) -> list[str]: ...
 
-    async def play(self, env: Any, batch: Sequence[tuple[str, dict[str, Any], int, int]]
-                   ) -> list[Trajectory]: ...
+    async def play(self, env: Any, samples: Sequence[tuple[str, dict[str, Any], int, int]]
+                   ) -> list[Trajectory]:
+        """Play episodes (id, sample, group, admitted version); their trajectories, in order."""
+        ...
 
     def start_run(self, sources: Sequence[Any]) -> None:
         """New episode ids and accounting for a run; register its environments with the services."""

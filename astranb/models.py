@@ -51,6 +51,7 @@ class ModelSpec:
 
     def build(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         """Build a fresh model copy in eval mode."""
+        model: Any  # a transformers PreTrainedModel (its stubs reject `.to(device)`)
         if self.path is not None:
             from transformers import AutoModelForCausalLM
 
@@ -176,5 +177,5 @@ def _tiny_model(overrides: dict[str, Any], seed: int, dtype: torch.dtype):
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        model: Any = Qwen3ForCausalLM(config)  # transformers' stubs reject `.to(dtype)`
     return model.to(dtype)

@@ -172,6 +172,8 @@ class Session:
     def _remote_policy(self, name, spec, engine, algorithm, optimizer, max_batch_size, seed,
                        full_every) -> Policy:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
+        pool = self._pool
+        assert pool is not None  # add_policy comes here only with rollout services
         trainer: RemoteTrainer | LocalTrainer
         if self._trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec),
@@ -179,18 +181,18 @@ class Session:
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
             trainer = RemoteTrainer(self._trainer, body)
             self._loop().call(trainer.create)
-            publisher = ServicesPublisher(self._pool, trainer=trainer)
+            publisher = ServicesPublisher(pool, trainer=trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
                                    dtype=dtype_for(self.device))
-            publisher = ServicesPublisher(self._pool, WeightStore(name, full_every=full_every))
+            publisher = ServicesPublisher(pool, WeightStore(name, full_every=full_every))
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
                         spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
         self.policies[name] = policy
         try:
-            self._loop().call(self._pool.prepare)  # every service builds its engine now
-            wrong = {m.url: m.engine for m in self._pool.members.values()
+            self._loop().call(pool.prepare)  # every service builds its engine now
+            wrong = {m.url: m.engine for m in pool.members.values()
                      if not m.removed and m.engine != engine}
             if wrong:
                 raise ValueError(f"policy {name!r} asks for engine={engine!r} but these rollout "
@@ -433,6 +435,7 @@ class Session:
     async def _run_main(self, config, wired, recorder: Recorder, scope_box, final) -> None:
         sources = [Source(env, wiring, weight, config.seed) for env, wiring, weight in wired]
         self._flow = Dataflow(sources, config, recorder, remote=self._pool)  # read by _accounting
+        failure: BaseException | None
         try:
             with anyio.CancelScope() as scope:
                 scope_box.append(scope)
@@ -466,7 +469,7 @@ class Session:
 
         async def one(sample: Mapping[str, Any]) -> None:
             traj = await play_episode(env, wiring, sample)
-            if not traj.ok:
+            if traj.error is not None:  # not traj.ok
                 errors.append(traj.error)
                 return
             for role, value in traj.rewards.items():
@@ -483,12 +486,14 @@ class Session:
         return result
 
     async def _evaluate_remote(self, env, wiring, n: int, seed: int) -> dict[str, float]:
+        pool = self._pool
+        assert pool is not None  # _evaluate comes here only with rollout services
         samples = iter(env.samples(seed))
-        self._pool.start_run([Source(env, wiring)])
-        batch = [(f"{self._pool.tag}.eval.{i}", dict(next(samples)), -1, 0) for i in range(n)]
+        pool.start_run([Source(env, wiring)])
+        batch = [(f"{pool.tag}.eval.{i}", dict(next(samples)), -1, 0) for i in range(n)]
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._pool.run)
-            results = await self._pool.play(env, batch)
+            tg.start_soon(pool.run)
+            results = await pool.play(env, batch)
             tg.cancel_scope.cancel()
         ok = [t for t in results if t.ok]
         if not ok:

@@ -118,7 +118,8 @@ class Wiring:
     @property
     def environments(self) -> list[EnvironmentView]:
         """Every wired environment, in the order they were (last) wired."""
-        views, seen = [], {}
+        views: list[EnvironmentView] = []
+        seen: dict[str, int] = {}
         for env, roles, weight in self._session._wiring:
             seen[env.name] = seen.get(env.name, 0) + 1
             label = env.name if seen[env.name] == 1 else f"{env.name} #{seen[env.name]}"
@@ -219,7 +220,7 @@ class Wiring:
 
 def graph_html(wiring: Wiring) -> str:
     """The wiring as an HTML table: a header row per environment, a row per role."""
-    names = {p.name: p for p in wiring.policies}
+    names: dict[str | None, PolicyView] = {p.name: p for p in wiring.policies}  # get(None): None
     rows = []
     for view in wiring.environments:
         rows.append(_html_env_row(view))

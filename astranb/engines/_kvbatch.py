@@ -24,6 +24,7 @@ buffer and return views; it never copies the whole cache per step, unlike `Dynam
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -230,7 +231,9 @@ class SlotKV:
             self.values[layer][rows, :, lo:hi] = torch.where(keep, v.gather(2, index), 0)
 
 
-def _prefill(model, cached: Sequence[Sequence[int]], device) -> list[tuple[torch.Tensor, ...]]:
+def _prefill(
+    model, cached: Sequence[Sequence[int]], device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run `cached` through the model right padded; return each layer's (keys, values) [K, H, T, D].
 
     Right padding keeps every real token's causal context free of padding, so plain causal
@@ -250,7 +253,7 @@ def _prefill(model, cached: Sequence[Sequence[int]], device) -> list[tuple[torch
         use_cache=True,
         logits_to_keep=1,
     )
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    return [_filled(layer) for layer in cache.layers]
 
 
 def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:
@@ -267,4 +270,12 @@ def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:
             "HFEngine supports full-attention models only (this model has sliding-window or "
             "linear-attention layers)"
         )
-    return [(layer.keys.shape[1], layer.keys.shape[3], layer.keys.dtype) for layer in cache.layers]
+    keys = [_filled(layer)[0] for layer in cache.layers]
+    return [(k.shape[1], k.shape[3], k.dtype) for k in keys]
+
+
+def _filled(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of a full-attention cache layer after a forward (None before one)."""
+    keys, values = layer.keys, layer.values
+    assert keys is not None and values is not None
+    return keys, values

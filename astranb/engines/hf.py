@@ -211,8 +211,9 @@ class HFEngine:
         with self._cv:
             self._paused, self._held = True, False
             self._cv.notify_all()
-            if wait and self._thread is not None and self._thread is not threading.current_thread():
-                self._cv.wait_for(lambda: self._held or not self._thread.is_alive())
+            thread = self._thread  # set once by start(), never unset
+            if wait and thread is not None and thread is not threading.current_thread():
+                self._cv.wait_for(lambda: self._held or not thread.is_alive())
 
     def resume(self) -> None:
         """Undo pause()."""
@@ -284,21 +285,29 @@ class HFEngine:
         closed = RuntimeError(f"HFEngine {self.name!r} closed before the work finished")
         self._shutdown(closed, died=False)
 
+    def _worker_batch(self) -> DecodeBatch:
+        """The running batch (worker thread: `_run` builds it before doing any work)."""
+        batch = self._batch
+        assert batch is not None
+        return batch
+
     def _wait_for_work(self) -> bool:
         """Block until there is something to do; False once close() was called."""
+        batch = self._worker_batch()
         with self._cv:
             while True:
                 if self._closing:
                     return False
                 self._held = self._paused
                 self._cv.notify_all()  # pause() may be waiting for _held
-                runnable = not self._paused and (self._batch.rows or self._queue)
+                runnable = not self._paused and (batch.rows or self._queue)
                 if self._updates or self._prune or runnable:
                     return True
                 self._cv.wait()
 
     def _tick(self) -> None:
         """Everything the worker does between two decode steps, then one step."""
+        batch = self._worker_batch()
         with self._cv:
             updates = list(self._updates)
             self._updates.clear()
@@ -313,21 +322,22 @@ class HFEngine:
         if paused:
             return
         self._admit()
-        if self._batch.rows:
+        if batch.rows:
             try:
-                finished = self._batch.step(self._version)
+                finished = batch.step(self._version)
             except Exception as exc:
-                self._fail_rows(self._batch.clear(), exc)
+                self._fail_rows(batch.clear(), exc)
                 return
             self._steps += 1
-            self._tokens += len(self._batch.rows) + len(finished)
+            self._tokens += len(batch.rows) + len(finished)
             for row, reason in finished:
                 settle(row.future, result=self._generation(row, reason))
 
     def _admit(self) -> None:
         """Move queued requests into free slots (FIFO) and prefill them together."""
+        batch = self._worker_batch()
         with self._cv:
-            while self._queue and len(self._joining) < self._batch.free:
+            while self._queue and len(self._joining) < batch.free:
                 row = self._queue.popleft()
                 if not row.future.cancelled():
                     self._joining.append(row)
@@ -335,7 +345,7 @@ class HFEngine:
         if not joiners:
             return
         try:
-            self._batch.admit(joiners)
+            batch.admit(joiners)
         except Exception as exc:
             self._fail_rows(joiners, exc)
         finally:
@@ -356,7 +366,8 @@ class HFEngine:
     def _drop_cancelled(self) -> None:
         with self._cv:
             self._queue = deque(r for r in self._queue if not r.future.cancelled())
-        self._batch.remove(row for row in self._batch.rows if row.future.cancelled())
+        batch = self._worker_batch()
+        batch.remove(row for row in batch.rows if row.future.cancelled())
 
     @staticmethod
     def _fail_rows(rows, exc: BaseException) -> None:
@@ -384,9 +395,10 @@ class HFEngine:
         self._version = update.version
         seconds = time.perf_counter() - start
         # Rebuild every in-flight cache, so no later token depends on the old weights.
-        rows = self._batch.rows
+        batch = self._worker_batch()
+        rows = batch.rows
         try:
-            self._batch.rebuild()
+            batch.rebuild()
         except Exception as exc:
             self._fail_rows(rows, exc)
         settle(future, result={"kind": kind, "apply_seconds": seconds})
@@ -399,13 +411,17 @@ class HFEngine:
         (a cast when the model runs in another dtype). A full snapshot's names and shapes are
         checked against the model before the mirror takes it, so a bad one changes nothing.
         """
-        header = weights.peek(update.payload)
+        payload = update.payload
+        assert payload is not None  # _apply_update comes here only for a payload
+        header = weights.peek(payload)
         if header.kind == "full":
             shapes = {e["name"]: torch.empty(e["shape"], device="meta") for e in header.tensors}
             self._check_update(WeightUpdate(self.name, update.version, shapes))
-        self._mirror.apply(update.payload, policy=self.name, version=update.version)
+        self._mirror.apply(payload, policy=self.name, version=update.version)
+        tensors = self._mirror.tensors
+        assert tensors is not None  # apply() just set them
         with self._weights_lock, torch.no_grad():
-            for name, tensor in self._mirror.tensors.items():
+            for name, tensor in tensors.items():
                 self._targets[name].copy_(tensor)
         return header.kind
 

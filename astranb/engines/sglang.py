@@ -50,6 +50,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -147,7 +148,8 @@ class SGLangEngine:
         self._paused = self._closed = self._server_paused = False
         self._epoch = self._pending_updates = self._inflight = self._dp_size = 0
         self._waiting: float | None = 0.0  # server queue from /metrics; None: no answer
-        self._has_metrics, self._tasks = True, set()
+        self._has_metrics = True
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._stop_server = lambda: None  # a launched server's finalizer (also runs at exit)
         self._gate, self._update_lock = asyncio.Event(), asyncio.Lock()
         self._loop = asyncio.new_event_loop()
@@ -156,7 +158,8 @@ class SGLangEngine:
         )
         self._thread.start()
         port = _free_port() if launch else 0
-        self.url = f"http://127.0.0.1:{port}" if launch else url.rstrip("/")
+        # launch is True exactly when url is None (checked above)
+        self.url = f"http://127.0.0.1:{port}" if url is None else url.rstrip("/")
         self._client = httpx.AsyncClient(
             base_url=self.url, transport=transport, limits=httpx.Limits(max_connections=None),
             headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -337,7 +340,10 @@ class SGLangEngine:
 
     async def _generate(self, request: GenerationRequest) -> Generation:
         """Run a request as stretches: a pause or an update ends one, the next one resumes it."""
-        base, ids, logprobs, versions = uuid.uuid4().hex, [], [], []
+        base = uuid.uuid4().hex
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
         self._inflight += 1
         try:
             for attempt in itertools.count():
@@ -367,6 +373,7 @@ class SGLangEngine:
                 if epoch == self._epoch:
                     reason = stretch.message or "no reason given"
                     raise SGLangError(f"SGLang aborted request {rid}: {reason}")
+            raise AssertionError("unreachable: itertools.count() never ends")
         finally:
             self._inflight -= 1
 
@@ -434,6 +441,7 @@ class SGLangEngine:
             kind = "state"
         else:
             header = self._mirror.apply(update.payload, policy=self.name, version=update.version)
+            assert self._mirror.tensors is not None  # apply() just set them
             kind, tensors = header.kind, self._mirror.tensors
         directory = self._weights_dir()
         with self._file_lock:

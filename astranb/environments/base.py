@@ -47,6 +47,11 @@ class Environment(ABC):
     sampling: SamplingParams = SamplingParams()
     """Default sampling settings for generate() calls (per-call keywords override them)."""
 
+    # Set on instances by `environments.load` only (how a rollout service rebuilds the same
+    # environment); read with getattr and a default, since others do not have them.
+    registry_name: str
+    registry_kwargs: dict[str, Any]
+
     @property
     def name(self) -> str:
         return type(self).__name__
@@ -118,7 +123,13 @@ class EpisodeContext:
             prompt_ids = tuple(int(t) for t in prompt)
         if not prompt_ids:
             raise ValueError(f"role {role!r}: empty prompt; pass text or at least one token id")
-        generation = await policy.engine.generate(GenerationRequest(prompt_ids, params))
+        engine = policy.engine
+        if engine is None:
+            raise RuntimeError(
+                f"role {role!r}: policy {policy.name!r} has no engine in this process (its "
+                "episodes run on rollout services)"
+            )
+        generation = await engine.generate(GenerationRequest(prompt_ids, params))
         self.turns.append(Turn(role, policy.name, generation, params))
         return generation
 

@@ -150,11 +150,11 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
 
     rows = math.ceil(len(PANELS) / COLUMNS)
     fig = Figure(figsize=(16, 3.2 * rows + 0.4), layout="constrained")
-    axes = fig.subplots(rows, COLUMNS, squeeze=False).flat
+    grid = fig.subplots(rows, COLUMNS, squeeze=False).flat
     title = spec.get("layout", {}).get("title", {}).get("text", "")
     if title:
         fig.suptitle(title, fontsize=10)
-    for ax, (key, name, xlabel) in zip(axes, PANELS, strict=False):  # more axes than panels
+    for ax, (key, name, xlabel) in zip(grid, PANELS, strict=False):  # more axes than panels
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)

@@ -42,7 +42,7 @@ class _Client:
             headers["content-type"], content = OCTETS, raw
         elif body is not None:
             headers["content-type"], content = MSGPACK, pack(body)
-        extra = {"timeout": timeout} if timeout is not None else {}
+        extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         try:
             answer = await self._http.request(method, path, content=content, headers=headers,
                                               params=params, **extra)

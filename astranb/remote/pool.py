@@ -25,7 +25,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,7 +325,7 @@ class RolloutPool:
                 member.state = "new"  # catch up (idempotent) before the next episode
 
     async def play(
-        self, env: Environment, samples: list[tuple[str, dict, int, int]]
+        self, env: Environment, samples: Sequence[tuple[str, dict[str, Any], int, int]]
     ) -> list[Trajectory]:
         """Play episodes (id, sample, group, admitted_version) on the services; results in order."""
         key = id(env)
@@ -344,10 +344,14 @@ class RolloutPool:
                 await waiter.event.wait()
         finally:
             for episode_id, *_ in samples:
-                waiter = self._waiting.pop(episode_id, None)
-                if waiter is not None and waiter.result is None:
+                left = self._waiting.pop(episode_id, None)
+                if left is not None and left.result is None:
                     self.counts["abandoned"] += 1  # the run ended (or was stopped) first
-        return [w.result for w in waiters]
+        results = []
+        for waiter in waiters:
+            assert waiter.result is not None  # its event is set only once the result is in
+            results.append(waiter.result)
+        return results
 
     def episode_ids(self, group: int, n: int) -> list[str]:
         return [f"{self.tag}.{self.epoch}.{group}.{i}" for i in range(n)]
@@ -393,6 +397,9 @@ class RolloutPool:
             return await member.client.notify_version(name, version, self.trainer_url,
                                                       publisher.checksum)
         store = publisher.store
+        if store is None:
+            raise RuntimeError(f"policy {name!r}: no trainer service and no weight store to push "
+                               "from; build its ServicesPublisher with the trainer's WeightStore")
         status = (await member.client.status())["policies"][name]
         if status["version"] == version and status["checksum"] == store.checksum:
             return status | {"kind": "none", "bytes": 0}

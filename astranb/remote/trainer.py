@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import torch
 
 from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
 from ..types import Batch
@@ -92,6 +93,14 @@ class RemoteTrainer:
                     f"{self.patience:.0f} s; restart it (with the same --checkpoint-dir to resume)"
                 )
             await anyio.sleep(0.5)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Not available here: the weights stay on the trainer service, and rollout services pull
+        each version from it directly (`GET /v1/weights/{policy}`)."""
+        raise RuntimeError(
+            f"the weights of {self.name!r} live on the trainer service {self.client.url}; "
+            "rollout services pull them from there (GET /v1/weights/{policy}), this process "
+            "holds no copy")
 
     def __repr__(self) -> str:
         return f"RemoteTrainer({self.client.url}, {self.name!r}, version={self.version})"

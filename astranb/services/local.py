@@ -148,9 +148,10 @@ class LocalService:
         _LIVE.discard(self)
 
     def _signal(self, sig: signal.Signals) -> None:
-        if self.alive:
+        process = self.process
+        if process is not None and process.poll() is None:  # self.alive
             try:
-                os.killpg(self.process.pid, sig)
+                os.killpg(process.pid, sig)
             except ProcessLookupError:  # exited in between
                 pass
 

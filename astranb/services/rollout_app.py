@@ -230,9 +230,9 @@ class RolloutService:
             return engine, engine.tokenizer
         from ..engines import HFEngine
 
-        engine = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device),
-                          max_batch_size=body.max_batch_size, seed=body.seed, name=body.name)
-        return engine.start(), engine.tokenizer
+        hf = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device),
+                      max_batch_size=body.max_batch_size, seed=body.seed, name=body.name)
+        return hf.start(), hf.tokenizer
 
     def register(self, body: EnvironmentIn) -> dict:
         unknown = sorted(set(body.roles.values()) - set(self.slots))
@@ -292,6 +292,10 @@ class RolloutService:
         if unknown:
             raise HTTPException(404, f"unknown env_id {unknown[:3]}; register the environment "
                                      "with POST /v1/environments (after a restart, register again)")
+        tg = self._tg
+        if tg is None:
+            raise RuntimeError("the rollout service is not running (use `async with "
+                               "service.running()`)")
         accepted = 0
         for item in body.items:
             if item.id in lane.known:
@@ -299,7 +303,7 @@ class RolloutService:
                 continue
             lane.known.add(item.id)
             lane.pending.add(item.id)
-            self._tg.start_soon(self._play, item, lane)
+            tg.start_soon(self._play, item, lane)
             accepted += 1
         self.counters["submitted"] += accepted
         return {"accepted": accepted, "duplicates": len(body.items) - accepted}
@@ -347,8 +351,12 @@ class RolloutService:
 
     async def _fetch(self, url: str, params: dict, headers: dict) -> bytes:
         params = {k: v for k, v in params.items() if v is not None}
+        http = self._http
+        if http is None:
+            raise RuntimeError("the rollout service is not running (use `async with "
+                               "service.running()`)")
         try:
-            answer = await self._http.get(url, params=params, headers=headers)
+            answer = await http.get(url, params=params, headers=headers)
         except httpx.HTTPError as error:
             raise HTTPException(424, f"could not reach the trainer at {url}: "
                                      f"{error!r}") from error
@@ -412,7 +420,7 @@ class RolloutService:
 class _Lane:
     """Episodes of one lane (train or eval): pending, finished, handed out but not acknowledged."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.known: set[str] = set()
         self.pending: set[str] = set()
         self.done: OrderedDict[str, dict] = OrderedDict()

@@ -152,8 +152,9 @@ class TrainerService:
         try:
             spec = spec_from_wire(request["model"])
             algorithm = algorithm_from_dict(body.algorithm)
-            optimizer = AdamWConfig(**{k: tuple(v) if k == "betas" else v
-                                       for k, v in body.optimizer.items()})
+            settings: dict[str, Any] = {k: tuple(v) if k == "betas" else v
+                                        for k, v in body.optimizer.items()}
+            optimizer = AdamWConfig(**settings)
         except (TypeError, ValueError, KeyError) as error:
             raise HTTPException(422, f"invalid algorithm/optimizer: {error}") from error
         try:

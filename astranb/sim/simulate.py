@@ -231,13 +231,14 @@ def run_virtual(fn, *args, seed: int = 0):
 
     clock = trio.testing.MockClock(autojump_threshold=0)
     saved = trio_run._r.getstate(), trio_run._ALLOW_DETERMINISTIC_SCHEDULING
-    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True
+    # trio declares the flag Final; switching it on is the private hook this relies on
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     trio_run._r.seed(seed)
     try:
         return anyio.run(fn, *args, backend="trio", backend_options={"clock": clock})
     finally:
         trio_run._r.setstate(saved[0])
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[1]
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[1]  # type: ignore[misc]  # Final, above
 
 
 def _loop_running() -> bool:

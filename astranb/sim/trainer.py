@@ -14,9 +14,12 @@ an async trainer, version, algorithm) is Policy's own code.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 
 from ..algorithms import GRPO
+from ..contracts import Trainer
 from ..models import ModelSpec
 from ..policy import Policy
 from ..training.local import AdamWConfig
@@ -78,7 +81,7 @@ class SimPublisher:
     def __init__(self, engine: SimEngine):
         self.engine = engine
 
-    async def publish(self, name: str, trainer: SimTrainer) -> dict[str, float | str]:
+    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
         start = anyio.current_time()
         await self.engine.apply_weights(trainer.version)
         return {"transfer_kind": "simulated", "transfer_seconds": anyio.current_time() - start}

@@ -192,6 +192,7 @@ class Collective:
         finally:
             self._closed = True
             self._queue.put(None)
+            assert self._thread is not None  # rank 0 started it in __init__
             self._thread.join()
 
     def _check_usable(self) -> None:

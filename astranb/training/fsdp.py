@@ -63,6 +63,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -187,7 +188,8 @@ class _Replica:
 
     def gather(self, command: Command):
         policy = self.policies[command.args["name"]]
-        model = get_model_state_dict(policy.model, options=_GATHER)
+        # a model's state dict holds tensors only (the declared type allows any state value)
+        model = cast(dict[str, torch.Tensor], get_model_state_dict(policy.model, options=_GATHER))
         if self.world == 1:  # nothing was gathered: these may be views of the live parameters
             model = {k: v.clone() for k, v in model.items()}
         if not command.args.get("optimizer"):
@@ -374,7 +376,7 @@ def follow(*, timeout_s: float = 300.0, compute_dtype: torch.dtype | None = None
 
 
 def main_worker(
-    serve: Callable[[FSDPBackend], None],
+    serve: Callable[[FSDPBackend], object],
     *,
     timeout_s: float = 300.0,
     compute_dtype: torch.dtype | None = None,
@@ -388,7 +390,8 @@ def main_worker(
     (torchrun) has gone: otherwise rank 0, still serving and pinging, would keep the job alive.
 
     Args:
-        serve: runs on rank 0 with the FSDPBackend (e.g. an HTTP server around it).
+        serve: runs on rank 0 with the FSDPBackend (e.g. an HTTP server around it); what it
+            returns is ignored.
         timeout_s: see FSDPBackend.
         compute_dtype: see FSDPBackend.
     """

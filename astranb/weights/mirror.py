@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .codec import BaseMismatch, CorruptPayload, Header, apply, checksum, decode, peek
@@ -55,7 +57,7 @@ class Mirror:
         self.checksum = header.checksum
         return header
 
-    def set(self, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> None:
+    def set(self, state: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> None:
         """Hold plain tensors (a `state` update) in the published dtype."""
         self.tensors = {k: v.detach().to("cpu", dtype, copy=True) for k, v in state.items()}
         self.checksum = checksum(self.tensors)

@@ -13,7 +13,7 @@ A run that is already going keeps the wiring it started with; new wiring applies
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -126,7 +126,8 @@ class WiringWidget(widgets.VBox):
         return row
 
     def _apply(self, row: _Row) -> None:
-        choice = row.choice()
+        # role -> policy name; typed Any since mypy also matches the ** against weight=
+        choice: dict[str, Any] = row.choice()
         try:
             self._wiring.apply(row.env, **choice)
         except (TypeError, ValueError, KeyError) as error:
