@@ -206,7 +206,7 @@ class Recorder:
         row = dict(row)
         with self._lock:
             self._rows.append(row)
-            self._metrics_file.write(json.dumps(jsonable(row), allow_nan=False) + "\n")
+            self._metrics_file.write(_json_line(row) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
 
@@ -216,7 +216,7 @@ class Recorder:
         with self._lock:
             self._events.append(event)
             with open(self._events_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(jsonable(event), allow_nan=False) + "\n")
+                f.write(_json_line(event) + "\n")
         self._emit(kind, event)
 
     @property
@@ -241,8 +241,7 @@ class Recorder:
                                               environment=environment, tokenizers=tokenizers,
                                               decode=self._decode)
             self._episodes.append(episode)
-            line = json.dumps(jsonable(episode.to_json()), allow_nan=False)
-            self._episodes_file.write(line + "\n")
+            self._episodes_file.write(_json_line(episode.to_json()) + "\n")
         self._emit("episode", episode)
         return episode
 
@@ -283,6 +282,16 @@ class Recorder:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+
+def _json_line(value: Any) -> str:
+    """One line of strict JSON: NaN and infinities become null (`types.jsonable`). Records are
+    JSON-ready already almost always, so the recursive conversion only runs when the fast
+    encoder refuses (an episode holds thousands of token ids and logprobs)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(jsonable(value), allow_nan=False)
 
 
 def _trajectory_html(traj: Trajectory) -> str:

@@ -365,4 +365,9 @@ def test_a_policy_must_ask_for_the_engine_its_services_run(tmp_path):
         with pytest.raises(ValueError, match="asks for engine='sglang' but these rollout services"):
             session.policy("solver", ab.models.tiny(), engine="sglang")
         assert session.policies == {}
+        # rollout services always receive payloads: asking for state copies is an error now,
+        # not a setting silently ignored
+        with pytest.raises(ValueError, match="weight_transfer='state' only applies"):
+            session.policy("solver", ab.models.tiny(), weight_transfer="state")
+        assert session.policies == {}
         session.policy("solver", ab.models.tiny(), engine="hf")
