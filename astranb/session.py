@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
 from .run import Run
 from .training.local import AdamWConfig, LocalTrainer
+from .types import Trajectory
 from .weights.publish import EnginePublisher, StatePublisher
 from .weights.store import WeightStore
 from .wiring import Wiring
@@ -461,48 +462,45 @@ class Session:
         return {**counts, "trained_twice": flow.trained_twice if flow is not None else 0}
 
     async def _evaluate(self, env, wiring, n: int, seed: int) -> dict[str, float]:
-        if self._pool is not None:
-            return await self._evaluate_remote(env, wiring, n, seed)
         samples = iter(env.samples(seed))
-        totals: dict[str, list[float]] = {r: [] for r in env.roles}
-        errors: list[str] = []
+        batch = [next(samples) for _ in range(n)]
+        results: list[Trajectory | None]
+        if self._pool is not None:
+            results = list(await self._play_remote(env, wiring, batch))
+        else:
+            results = [None] * n
 
-        async def one(sample: Mapping[str, Any]) -> None:
-            traj = await play_episode(env, wiring, sample)
-            if traj.error is not None:  # not traj.ok
-                errors.append(traj.error)
-                return
-            for role, value in traj.rewards.items():
-                totals[role].append(value)
+            async def one(i: int) -> None:
+                results[i] = await play_episode(env, wiring, batch[i])
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(n):
-                tg.start_soon(one, next(samples))
-        if len(errors) == n:
-            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n{errors[0]}")
-        result = {role: sum(v) / len(v) for role, v in totals.items() if v}
-        if errors:
-            result["failed_episodes"] = float(len(errors))
-        return result
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+        return _evaluation(results, env.roles)
 
-    async def _evaluate_remote(self, env, wiring, n: int, seed: int) -> dict[str, float]:
+    async def _play_remote(self, env, wiring, batch: list[Any]) -> list[Trajectory]:
         pool = self._pool
         assert pool is not None  # _evaluate comes here only with rollout services
-        samples = iter(env.samples(seed))
         pool.start_run([Source(env, wiring)])
-        batch = [(f"{pool.tag}.eval.{i}", dict(next(samples)), -1, 0) for i in range(n)]
+        items = [(f"{pool.tag}.eval.{i}", dict(s), -1, 0) for i, s in enumerate(batch)]
         async with anyio.create_task_group() as tg:
             tg.start_soon(pool.run)
-            results = await pool.play(env, batch)
+            results = await pool.play(env, items)
             tg.cancel_scope.cancel()
-        ok = [t for t in results if t.ok]
-        if not ok:
-            raise RuntimeError(f"all {n} evaluation episodes failed; first error:\n"
-                               f"{results[0].error}")
-        result = {r: sum(t.rewards[r] for t in ok) / len(ok) for r in env.roles}
-        if len(ok) < n:
-            result["failed_episodes"] = float(n - len(ok))
-        return result
+        return results
+
+
+def _evaluation(results: Sequence[Trajectory | None], roles: Sequence[str]) -> dict[str, float]:
+    """Mean reward per role over the episodes that finished, and how many failed (if any)."""
+    ok = [t for t in results if t is not None and t.ok]
+    if not ok:
+        first = next((t.error for t in results if t is not None), None)
+        raise RuntimeError(f"all {len(results)} evaluation episodes failed; first error:\n"
+                           f"{first}")
+    result = {r: sum(t.rewards[r] for t in ok) / len(ok) for r in roles}
+    if len(ok) < len(results):
+        result["failed_episodes"] = float(len(results) - len(ok))
+    return result
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:

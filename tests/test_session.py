@@ -247,3 +247,16 @@ def test_unwired_role_and_unknown_environment_are_clear_errors(tmp_path):
             session.policy("solver", model=ab.models.tiny())
         with pytest.raises(ValueError, match="engine='vllm' is not available"):
             session.policy("other", model=ab.models.tiny(), engine="vllm")
+
+
+def test_evaluate_counts_failed_episodes_and_refuses_when_all_fail(tmp_path):
+    session, _ = make_session(tmp_path / "flaky", Flaky(fail_every=3))
+    with session:
+        result = session.evaluate(n=9)
+    # episodes 3, 6 and 9 raise (Flaky counts its calls); the others score in [0, 1]
+    assert result["failed_episodes"] == 3.0
+    assert set(result) == {"solver", "failed_episodes"} and 0.0 <= result["solver"] <= 1.0
+    session, _ = make_session(tmp_path / "broken", AlwaysFails())
+    with session, pytest.raises(RuntimeError, match="all 4 evaluation episodes failed") as error:
+        session.evaluate(n=4)
+    assert "broken reward function" in str(error.value)
