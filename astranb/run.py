@@ -296,7 +296,6 @@ class _Progress:
             self.bar.close()
 
 
-
 class _Flag:
     """A bool that can still be called: `run.done` became a property like `run.status`, and
     code written for the old method (`run.done()`) keeps working for one release, with a

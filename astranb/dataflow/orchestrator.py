@@ -30,7 +30,6 @@ from .staleness import StalenessGate
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing"]
 
 
-
 @dataclass
 class RolloutCounters:
     """Running totals the trainer loop reads into each metrics row."""

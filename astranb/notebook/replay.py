@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["ReplayContext", "Replayed", "ReplayError", "replay", "encode"]
 
 
-
 @dataclass(frozen=True)
 class Replayed:
     """What a replayed episode did: the turns (as episode turn records), tools and rewards."""

@@ -19,8 +19,6 @@ from .serialize import JSON, MSGPACK, OCTETS, batch_to_bytes, pack, unpack
 __all__ = ["ServiceError", "ServiceUnavailable", "RolloutClient", "TrainerClient"]
 
 
-
-
 class _Client:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 600.0,
                  transport: httpx.AsyncBaseTransport | None = None):

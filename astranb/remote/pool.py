@@ -42,8 +42,6 @@ from .serialize import spec_to_wire, trajectory_from_wire
 __all__ = ["RolloutPool", "ServicesPublisher", "NoRolloutService", "ServiceRejected"]
 
 
-
-
 @dataclass(eq=False)
 class Member:
     """One rollout service as the pool sees it."""
@@ -419,7 +417,6 @@ class RolloutPool:
 
 def _env_name(env: Environment) -> str:
     return getattr(env, "registry_name", None) or env.name
-
 
 
 class ServicesPublisher:

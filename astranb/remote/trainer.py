@@ -25,7 +25,6 @@ from .client import TrainerClient
 __all__ = ["RemoteTrainer", "TrainerRolledBack"]
 
 
-
 class RemoteTrainer:
     """Trainer of one policy on a trainer service.
 
