@@ -10,7 +10,8 @@ from __future__ import annotations
 from concurrent.futures import Future, InvalidStateError
 from typing import Protocol, runtime_checkable
 
-from ..types import Generation, GenerationRequest, WeightUpdate
+from ..contracts import Engine
+from ..types import Generation, GenerationRequest
 
 __all__ = ["RolloutEngine", "settle"]
 
@@ -27,27 +28,13 @@ def settle(future: Future, *, result=None, exc: BaseException | None = None) -> 
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """What the dataflow layer needs from a rollout engine."""
+class RolloutEngine(Engine, Protocol):
+    """Everything an engine implementation offers: `contracts.Engine` (what the dataflow uses:
+    generate, update_weights, version, weights_checksum, close) plus what the rollout service
+    drives directly (submit from any thread, pause/resume, availability)."""
 
-    name: str
-    """Policy name the engine serves."""
-
-    @property
-    def version(self) -> int:
-        """Weight version the next sampled token will carry."""
-        ...
-
-    def submit(self, request: GenerationRequest) -> Future:
+    def submit(self, request: GenerationRequest) -> Future[Generation]:
         """Queue a request from any thread; the Future resolves to a Generation."""
-        ...
-
-    async def generate(self, request: GenerationRequest) -> Generation:
-        """Generate one completion; cancelling the awaiting task drops the request."""
-        ...
-
-    def update_weights(self, update: WeightUpdate) -> Future:
-        """Queue new weights, applied between decode steps; the Future resolves once applied."""
         ...
 
     def pause(self) -> None:
@@ -60,8 +47,4 @@ class RolloutEngine(Protocol):
 
     def availability(self) -> int:
         """Requests that could start decoding right now (0 while paused or updating)."""
-        ...
-
-    def close(self) -> None:
-        """Stop the engine and release its resources (idempotent)."""
         ...
