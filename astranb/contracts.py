@@ -4,7 +4,7 @@ The dataflow (gate, buffers, orchestrator, train loop) is written against these,
 concrete engine, trainer or HTTP client, so the Session can hand it parts that run in this
 process or parts that talk to services, and the simulator parts that cost virtual time:
 
-    Engine          samples completions; takes new weights as it runs  engines/, remote engines
+    Engine          samples completions; takes new weights as it runs  engines/ (hf, sglang), sim
     Trainer         one optimizer step per batch; the current weights  training/, remote/trainer
     Publisher       brings samplers to the trainer's latest version    weights/publish, remote/pool
     PolicyHandle    what the dataflow sees of a policy                 policy.Policy
