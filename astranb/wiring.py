@@ -254,12 +254,12 @@ def _policy_view(policy: Policy) -> PolicyView:
 def _mixed_locality(env: Environment, roles: dict[str, Policy]) -> list[str]:
     """One episode cannot mix engines in this process with rollout services."""
     ordered = [(r, roles[r]) for r in env.roles if r in roles]
-    if len({not p.remote for _, p in ordered}) < 2:
+    if len({p.remote for _, p in ordered}) < 2:
         return []
-    keep = not ordered[0][1].remote  # the kind of the first role's policy stays
-    keep_name = next(p.name for _, p in ordered if (not p.remote) == keep)
-    wrong = [r for r, p in ordered if (not p.remote) != keep]
-    listing = ", ".join(f"{r} -> {p.name!r} ({'local' if not p.remote else 'remote'})"
+    keep = ordered[0][1].remote  # the kind of the first role's policy stays
+    keep_name = next(p.name for _, p in ordered if p.remote == keep)
+    wrong = [r for r, p in ordered if p.remote != keep]
+    listing = ", ".join(f"{r} -> {p.name!r} ({'remote' if p.remote else 'local'})"
                         for r, p in ordered)
     fix = ", ".join(f"{r}=session.policies[{keep_name!r}]" for r in wrong)
     return [f"{env.name} mixes local and remote policies ({listing}); one episode cannot use "
