@@ -178,6 +178,8 @@ class RolloutPool:
         while not member.removed:
             if member.state in ("new", "dead"):
                 if not await self._catch_up(member):
+                    if member.inflight:  # work it held before it stopped answering moves on
+                        self._missed(member)
                     await anyio.sleep(min(1.0, self.poll_wait * 5))
                 continue
             await self._pull(member)
