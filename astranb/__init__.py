@@ -26,6 +26,7 @@ from .environments import Environment, EpisodeContext, play_episode
 from .errors import (
     AstranbError,
     EpisodesKeepFailing,
+    EpisodeTruncated,
     ReplayError,
     ServiceError,
     ServiceUnavailable,
@@ -78,6 +79,7 @@ __all__ = [
     "WeightUpdate",
     "AstranbError",
     "EpisodesKeepFailing",
+    "EpisodeTruncated",
     "ReplayError",
     "ServiceError",
     "ServiceUnavailable",

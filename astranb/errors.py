@@ -22,6 +22,7 @@ __all__ = [
     "NoRolloutService",
     "ServiceRejected",
     "ReplayError",
+    "EpisodeTruncated",
 ]
 
 
@@ -65,3 +66,14 @@ class ServiceRejected(AstranbError, ValueError):
 
 class ReplayError(AstranbError, RuntimeError):
     """A replayed episode needs a turn the recording lacks and no policy can sample it."""
+
+
+class EpisodeTruncated(AstranbError):
+    """An episode reached the model's context or its token budget. Raised by `ctx.chat` and
+    `ctx.generate` before they would exceed either; `play_episode` ends the episode there as
+    *truncated*: it keeps its turns, earns the environment's `truncated_reward` and is trained on
+    like any other. An environment that catches `Exception` around its turns should re-raise it."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

@@ -8,6 +8,7 @@ every train step the trainer publishes its weights to the engine as version v+1.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from .algorithms import Algorithm
 from .contracts import Engine, Publisher, Trainer
 from .models import ModelSpec
 from .training.local import AdamWConfig
+from .training.sft import Demonstration, sft_batches
 from .types import Batch
 
 __all__ = ["Policy"]
@@ -51,6 +53,9 @@ class Policy:
     """Most sequences an engine decodes at once."""
     seed: int = 0
     """Sampling seed of the engine(s)."""
+    run_on_loop: Callable[[Callable[[], Awaitable[Any]]], Any] | None = field(
+        default=None, repr=False)
+    """Runs a coroutine function on the session's event loop (set by the session)."""
 
     @property
     def version(self) -> int:
@@ -78,6 +83,48 @@ class Policy:
         transfer metrics for the run's metrics row.
         """
         return await self.publisher.publish(self.name, self.trainer)
+
+    def sft(self, examples: Sequence[Demonstration], steps: int = 100, batch_size: int = 16,
+            *, seed: int = 0, progress: bool = True) -> list[dict[str, float]]:
+        """Supervised warm-start on demonstrations, on this policy's own trainer, then publish.
+
+        The loss is the negative log-likelihood of the assistant tokens only (prompts, tool
+        results and other roles' messages are context). Each demonstration is tokenized the way
+        `ctx.chat` builds prompts, so the model learns exactly the tokens it will later sample.
+        Every step is a weight version, as in RL.
+
+        Args:
+            examples: conversations (lists of {"role", "content"} messages), dicts
+                {"messages": [...], "tools": [fn, ...]}, or (prompt, completion) text pairs.
+            steps: optimizer steps.
+            batch_size: demonstrations per step.
+            seed: shuffling seed.
+            progress: print the loss ten times along the way.
+
+        Returns:
+            The metrics of every step (loss, grad_norm, tokens).
+        """
+        step = getattr(self.trainer, "sft_step", None)
+        if step is None:
+            raise NotImplementedError(
+                f"policy {self.name!r}: its trainer ({type(self.trainer).__name__}) has no "
+                "supervised step; warm-start the model in-process (a Session without trainer=) "
+                "and save it, then load that directory on the trainer service")
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        pad = self.tokenizer.pad_token_id
+        batches = sft_batches(self.tokenizer, list(examples), batch_size, seed,
+                              0 if pad is None else int(pad))
+        history: list[dict[str, float]] = []
+        for i in range(steps):
+            history.append(step(next(batches)))
+            if progress and (i + 1) % max(1, steps // 10) == 0:
+                print(f"sft {self.name}: step {i + 1}/{steps}, loss {history[-1]['loss']:.4f}")
+        if self.run_on_loop is None:
+            raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing can "
+                               "publish its weights")
+        self.run_on_loop(self.publish)
+        return history
 
     @property
     def remote(self) -> bool:

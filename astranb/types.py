@@ -134,6 +134,11 @@ class Trajectory:
     """Every ctx.tool() call, in call order."""
     env: str = ""
     """Name of the environment that played the episode."""
+    truncated: str | None = None
+    """Why the episode was cut short (context or token budget), or None if it ended itself."""
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """Facts the episode counted with `ctx.count` (malformed tool calls, verifier timeouts);
+    summed into the run's metrics as `count/<name>`."""
 
     def __repr__(self) -> str:
         def turn(t: Turn) -> str:
@@ -145,6 +150,8 @@ class Trajectory:
 
         calls = f", {len(self.tool_calls)} tool call(s)" if self.tool_calls else ""
         outcome = f"rewards={dict(self.rewards)}" if self.ok else "FAILED"
+        if self.truncated:
+            outcome += ", truncated"
         return (f"Trajectory({self.env or 'episode'} {self.id or ''} group {self.group}: "
                 f"[{'; '.join(turn(t) for t in self.turns)}]{calls}, {outcome})")
 
@@ -212,6 +219,13 @@ class Batch:
     """Sampling temperature of each row (the trainer scales logits by it)."""
     rewards_B: torch.Tensor
     """Scalar reward of each row."""
+    top_p_B: torch.Tensor | None = None
+    """Nucleus mass each row was sampled with (None: 1 everywhere); the trainer truncates its
+    distribution the same way, so its logprobs are those of the distribution that sampled."""
+
+    def __post_init__(self) -> None:
+        if self.top_p_B is None:
+            object.__setattr__(self, "top_p_B", torch.ones(self.input_ids_B_T.shape[0]))
 
     @property
     def size(self) -> int:

@@ -1,8 +1,11 @@
 """Turn finished groups into one padded training batch for a policy.
 
-Each turn a policy made becomes one row: prompt + completion, trained on the completion tokens.
-The row's advantage is its episode's reward for the turn's role, normalised within the group
-(the algorithm decides how), broadcast over the row's tokens.
+Each conversation a policy had in an episode becomes one row: the last turn's prompt +
+completion, trained on the tokens the policy sampled (every turn's completion) and not on prompt
+or observation tokens. Turns whose prompt does not extend the previous turn's tokens (a template
+that rewrote history, separate conversations) are rows of their own. The row's advantage is its
+episode's reward for the turn's role, normalised within the group (the algorithm decides how),
+broadcast over the row's tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from ..algorithms import Algorithm
 from ..types import Batch, Trajectory, Turn
 from .buffer import Group
 
-__all__ = ["build_batch", "group_rewards", "has_signal_for", "policy_reward"]
+__all__ = ["build_batch", "chains", "group_rewards", "has_signal_for", "policy_reward"]
 
 
 def policy_reward(traj: Trajectory, policy: str) -> float | None:
@@ -37,24 +40,69 @@ def has_signal_for(group: Group | Sequence[Trajectory], policy: str) -> bool:
     return len(rewards) > 1 and any(r != rewards[0] for r in rewards)
 
 
-def build_batch(groups: Sequence[Group], policy: str, algorithm: Algorithm, pad_id: int) -> Batch:
-    """Collate `policy`'s turns of `groups` into a right-padded Batch."""
-    rows: list[tuple[Turn, float, float]] = []
+def build_batch(groups: Sequence[Group], policy: str, algorithm: Algorithm, pad_id: int, *,
+                merge: bool = True) -> Batch:
+    """Collate `policy`'s turns of `groups` into a right-padded Batch.
+
+    Args:
+        merge: train each of an episode's conversations as one sequence where every turn's prompt
+            extends the previous turn's prompt + completion token for token (see `chains`);
+            False gives one row per turn. Both give the same loss.
+    """
+    rows: list[_Row] = []
     for group in groups:
         trajectories = [t for t in group.trajectories if policy_reward(t, policy) is not None]
         rewards = [r for t in trajectories if (r := policy_reward(t, policy)) is not None]
         adv_1_N = algorithm.advantages(torch.tensor([rewards], dtype=torch.float32))
         # one reward and one advantage per trajectory: equal lengths by construction
         for traj, reward, adv in zip(trajectories, rewards, adv_1_N[0].tolist(), strict=True):
-            rows.extend((turn, adv, reward) for turn in traj.turns if turn.policy == policy)
+            turns = [turn for turn in traj.turns if turn.policy == policy]
+            for chain in (chains(turns) if merge else [[turn] for turn in turns]):
+                rows.append(_Row(chain, adv, reward))
     if not rows:
         raise ValueError(f"no turns of policy {policy!r} in the batch's groups")
     return _collate(rows, pad_id)
 
 
-def _collate(rows: list[tuple[Turn, float, float]], pad_id: int) -> Batch:
+def chains(turns: Sequence[Turn]) -> list[list[Turn]]:
+    """Split one episode's turns into conversations that can train as single sequences.
+
+    A turn joins a chain when its prompt starts with the chain's last prompt + completion,
+    token for token, and it was sampled with the same temperature and top-p (one row has one
+    sampling distribution). Anything else starts a new chain, so a template that rewrote the
+    history, or two interleaved conversations, fall back to more rows, never to wrong ones.
+    """
+    found: list[list[Turn]] = []
+    for turn in turns:
+        for chain in reversed(found):
+            last = chain[-1]
+            before = last.generation.prompt_ids + last.generation.completion_ids
+            prompt = turn.generation.prompt_ids
+            if (len(prompt) > len(before) and prompt[: len(before)] == before
+                    and _distribution(turn) == _distribution(last)):
+                chain.append(turn)
+                break
+        else:
+            found.append([turn])
+    return found
+
+
+def _distribution(turn: Turn) -> tuple[float, float]:
+    return turn.sampling.temperature, turn.sampling.top_p
+
+
+class _Row:
+    """One training row: a chain of turns, the last one's prompt + completion as its tokens."""
+
+    def __init__(self, turns: list[Turn], advantage: float, reward: float):
+        self.turns, self.advantage, self.reward = turns, advantage, reward
+        last = turns[-1].generation
+        self.ids = last.prompt_ids + last.completion_ids
+
+
+def _collate(rows: list[_Row], pad_id: int) -> Batch:
     B = len(rows)
-    T = max(len(t.generation.prompt_ids) + len(t.generation.completion_ids) for t, _, _ in rows)
+    T = max(len(row.ids) for row in rows)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention = torch.zeros((B, T), dtype=torch.long)
     loss_mask = torch.zeros((B, T), dtype=torch.float32)
@@ -62,16 +110,21 @@ def _collate(rows: list[tuple[Turn, float, float]], pad_id: int) -> Batch:
     adv = torch.zeros((B, T), dtype=torch.float32)
     versions = torch.full((B, T), -1, dtype=torch.long)
     temperature = torch.ones(B, dtype=torch.float32)
+    top_p = torch.ones(B, dtype=torch.float32)
     rewards = torch.zeros(B, dtype=torch.float32)
-    for i, (turn, advantage, reward) in enumerate(rows):
-        gen = turn.generation
-        p, c = len(gen.prompt_ids), len(gen.completion_ids)
-        input_ids[i, : p + c] = torch.tensor(gen.prompt_ids + gen.completion_ids)
-        attention[i, : p + c] = 1
-        loss_mask[i, p : p + c] = 1.0
-        old_logp[i, p : p + c] = torch.tensor(gen.logprobs, dtype=torch.float32)
-        adv[i, p : p + c] = advantage
-        versions[i, p : p + c] = torch.tensor(gen.versions)
-        temperature[i] = turn.sampling.temperature if turn.sampling.temperature > 0 else 1.0
-        rewards[i] = reward
-    return Batch(input_ids, attention, loss_mask, old_logp, adv, versions, temperature, rewards)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row.ids)] = torch.tensor(row.ids)
+        attention[i, : len(row.ids)] = 1
+        for turn in row.turns:  # each turn's completion: sampled tokens, trained
+            gen = turn.generation
+            p, c = len(gen.prompt_ids), len(gen.completion_ids)
+            loss_mask[i, p : p + c] = 1.0
+            old_logp[i, p : p + c] = torch.tensor(gen.logprobs, dtype=torch.float32)
+            adv[i, p : p + c] = row.advantage
+            versions[i, p : p + c] = torch.tensor(gen.versions)
+        sampling = row.turns[0].sampling
+        temperature[i] = sampling.temperature if sampling.temperature > 0 else 1.0
+        top_p[i] = sampling.top_p if sampling.temperature > 0 else 1.0
+        rewards[i] = row.reward
+    return Batch(input_ids, attention, loss_mask, old_logp, adv, versions, temperature, rewards,
+                 top_p)

@@ -30,12 +30,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import EpisodeTruncated
 from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
+from .conversation import ChatMessage, Conversations, ToolOutcome, completion_text, schemas_of
 
 if TYPE_CHECKING:
     from ..contracts import PolicyHandle
 
-__all__ = ["Environment", "EpisodeContext"]
+__all__ = ["Environment", "EpisodeContext", "ChatMessage", "ToolOutcome"]
 
 
 class Environment(ABC):
@@ -46,6 +48,16 @@ class Environment(ABC):
 
     sampling: SamplingParams = SamplingParams()
     """Default sampling settings for generate() calls (per-call keywords override them)."""
+
+    splits: tuple[str, ...] = ("train",)
+    """Sample splits `split_samples` serves; held-out evaluation reads "test"."""
+
+    max_episode_tokens: int | None = None
+    """Most tokens an episode may sample over all its turns (None: only the context limits it);
+    past it the episode ends as truncated."""
+
+    truncated_reward: float | Mapping[str, float] = 0.0
+    """Reward of an episode that reached the context or `max_episode_tokens`."""
 
     # Set on instances by `environments.load` only (how a rollout service rebuilds the same
     # environment); read with getattr and a default, since others do not have them.
@@ -63,6 +75,20 @@ class Environment(ABC):
     @abstractmethod
     async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> Any:
         """Play one episode; return a float (every role gets it) or a dict role -> float."""
+
+    def split_samples(self, split: str, seed: int = 0) -> Iterator[Mapping[str, Any]]:
+        """Samples of a named split. "train" is `samples(seed)`; environments with held-out data
+        list their other splits in `splits` and override this."""
+        if split == "train":
+            return iter(self.samples(seed))
+        raise ValueError(
+            f"{self.name} has no {split!r} split (it has {list(self.splits)}); give it held-out "
+            "data (e.g. a dataset with a test split) or evaluate with split='train'"
+        )
+
+    def solved(self, reward: float) -> bool:
+        """Whether an episode with this reward solved its sample (what pass@k counts)."""
+        return reward >= 1.0
 
     def rewards_for(self, result: Any) -> dict[str, float]:
         """Turn episode()'s return value into a reward per role, with a clear error if malformed."""
@@ -91,6 +117,10 @@ class EpisodeContext:
         """Every generate() call so far, in order."""
         self.tool_calls: list[ToolCall] = []
         """Every tool() call so far, in order."""
+        self.counts: dict[str, int] = {}
+        """What `count` counted."""
+        self._conversations = Conversations()
+        self._sampled = 0  # tokens sampled so far (the episode's token budget)
 
     @property
     def wiring(self) -> dict[str, PolicyHandle]:
@@ -116,11 +146,107 @@ class EpisodeContext:
             The Generation, with per-token logprobs and weight versions.
         """
         policy = self._policy(role)
-        params = self._sampling(policy, sampling)
         if isinstance(prompt, str):
             prompt_ids = tuple(policy.tokenizer.encode(prompt))
         else:
             prompt_ids = tuple(int(t) for t in prompt)
+        return await self._sample(role, policy, prompt_ids, sampling)
+
+    async def chat(
+        self,
+        role: str,
+        messages: list[dict[str, Any]],
+        tools: Sequence[Callable[..., Any]] = (),
+        **sampling: Any,
+    ) -> ChatMessage:
+        """One assistant turn of a conversation: render, generate, parse, append.
+
+        The conversation keeps its tokens across calls (token-in/token-out): the prompt of a
+        later call on the same `messages` list is the earlier prompt and completion, exactly as
+        sampled, plus only the tokens of the messages added since. History is never tokenized
+        again, unless the chat template rewrote it (then the whole conversation is tokenized
+        afresh and counted as `count/retokenized`).
+
+        Args:
+            role: one of the environment's roles.
+            messages: the conversation, {"role", "content"} dicts; the assistant message is
+                appended to it, with the completion's raw text as content.
+            tools: functions the model may call; their JSON schemas (from signatures and
+                docstrings) go into the template.
+            **sampling: SamplingParams fields overriding the environment's defaults.
+
+        Returns:
+            The parsed assistant message (content, reasoning, tool calls, parse errors).
+
+        Raises:
+            EpisodeTruncated: the prompt reaches the model's context, or the episode's
+                `max_episode_tokens` are spent (the episode ends there as truncated).
+        """
+        from ..chat import parse_assistant
+
+        tokenizer = self.tokenizer(role)
+        schemas = schemas_of(tools)
+        fallbacks = self._conversations.fallbacks
+        prompt_ids = self._conversations.prompt_ids(tokenizer, messages, schemas)
+        if self._conversations.fallbacks > fallbacks:
+            self.count("retokenized")
+        generation = await self.generate(role, prompt_ids, **sampling)
+        self._conversations.keep(messages, schemas, generation)
+        text = completion_text(tokenizer, generation)
+        messages.append({"role": "assistant", "content": text})
+        parsed = parse_assistant(text)
+        if parsed.errors:
+            self.count("malformed_tool_calls", len(parsed.errors))
+        return ChatMessage(parsed.content, parsed.reasoning, parsed.tool_calls, parsed.errors,
+                           text, generation)
+
+    async def run_tools(
+        self,
+        messages: list[dict[str, Any]],
+        message: ChatMessage,
+        tools: Sequence[Callable[..., Any]],
+    ) -> list[ToolOutcome]:
+        """Run the message's tool calls through `tool` (recorded) and append their results.
+
+        Every call, and every call that failed to parse, adds one {"role": "tool"} message: the
+        tool's result, or what went wrong (malformed, unknown tool, bad arguments, the tool
+        raised), so the model can read it. Nothing here raises on the model's behalf.
+
+        Returns:
+            One outcome per call, parse errors first.
+        """
+        from ..chat import render_tool_result
+
+        by_name = {getattr(fn, "__name__", repr(fn)): fn for fn in tools}
+        outcomes = [ToolOutcome("", None, f"malformed tool call: {e.message}")
+                    for e in message.errors]
+        for request in message.tool_calls:
+            fn = by_name.get(request.name)
+            if fn is None:
+                outcomes.append(ToolOutcome(request.name, None, (
+                    f"unknown tool {request.name!r}; the tools are {sorted(by_name)}")))
+                continue
+            try:
+                result = await self.tool(request.name, fn, **request.arguments)
+            except Exception as error:  # the model's call, not the episode, failed
+                self.count("tool_errors")
+                outcomes.append(ToolOutcome(request.name, None, f"{type(error).__name__}: {error}"))
+            else:
+                outcomes.append(ToolOutcome(request.name, result, None))
+        for outcome in outcomes:
+            content = (f"error: {outcome.error}" if outcome.error is not None
+                       else render_tool_result(outcome.result))
+            messages.append({"role": "tool", "name": outcome.name, "content": content})
+        return outcomes
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Count a fact about this episode (a timeout, a malformed call); the run's metrics sum
+        it as `count/<name>`."""
+        self.counts[name] = self.counts.get(name, 0) + int(n)
+
+    async def _sample(self, role: str, policy: PolicyHandle, prompt_ids: tuple[int, ...],
+                      sampling: Mapping[str, Any]) -> Generation:
+        params = self._sampling(policy, sampling)
         if not prompt_ids:
             raise ValueError(f"role {role!r}: empty prompt; pass text or at least one token id")
         engine = policy.engine
@@ -129,9 +255,32 @@ class EpisodeContext:
                 f"role {role!r}: policy {policy.name!r} has no engine in this process (its "
                 "episodes run on rollout services)"
             )
+        params = self._within_limits(policy, prompt_ids, params)
         generation = await engine.generate(GenerationRequest(prompt_ids, params))
+        self._sampled += len(generation.completion_ids)
         self.turns.append(Turn(role, policy.name, generation, params))
         return generation
+
+    def _within_limits(self, policy: PolicyHandle, prompt_ids: tuple[int, ...],
+                       params: SamplingParams) -> SamplingParams:
+        """Cap max_new_tokens by the context and the token budget; truncate when nothing is
+        left (generation never starts past the context)."""
+        room = params.max_new_tokens
+        context = context_length(policy)
+        if context is not None:
+            if len(prompt_ids) >= context:
+                raise EpisodeTruncated(f"context: the prompt has {len(prompt_ids)} tokens and "
+                                       f"the model's context is {context}")
+            room = min(room, context - len(prompt_ids))
+        budget = self.env.max_episode_tokens
+        if budget is not None:
+            if self._sampled >= budget:
+                raise EpisodeTruncated(f"budget: {self._sampled} tokens sampled, "
+                                       f"max_episode_tokens={budget}")
+            room = min(room, budget - self._sampled)
+        if room == params.max_new_tokens:
+            return params
+        return dataclasses.replace(params, max_new_tokens=room)
 
     async def tool(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call a tool (a checker, a calculator, a code runner) and record the call.
@@ -184,6 +333,17 @@ class EpisodeContext:
         if eos is not None and eos not in stop:
             stop = (*stop, eos)
         return dataclasses.replace(params, stop_token_ids=stop)
+
+
+def context_length(policy: PolicyHandle) -> int | None:
+    """The policy model's context in tokens, if known (`max_context`, else the tokenizer's
+    `model_max_length` when it is a real limit)."""
+    limit = getattr(policy, "max_context", None)
+    if limit is None:
+        limit = getattr(policy.tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10_000_000:
+        return limit
+    return None
 
 
 def _arguments(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:

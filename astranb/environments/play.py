@@ -2,8 +2,10 @@
 
 The orchestrator, the rollout service, evaluation, the debugger and replay all play episodes
 through `play_episode`, so an episode means the same thing everywhere: whatever the environment
-raises fails that episode only (its traceback is kept on the trajectory), cancellation goes
-through, and the trajectory holds every turn and tool call the context recorded.
+raises fails that episode only (its traceback is kept on the trajectory), an episode that reaches
+the context or its token budget ends as truncated (kept, trained on, with the environment's
+`truncated_reward`), cancellation goes through, and the trajectory holds every turn, tool call
+and count the context recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from ..errors import EpisodeTruncated
 from ..types import Trajectory
 from .base import Environment, EpisodeContext
 
@@ -43,13 +46,17 @@ async def play_episode(
         The trajectory; `error` holds the traceback if the episode raised.
     """
     ctx = context if context is not None else EpisodeContext(env, wiring)
+    truncated = None
     try:
         rewards, error = env.rewards_for(await env.episode(ctx, sample)), None
     except anyio.get_cancelled_exc_class():
         raise
     except reraise:
         raise
+    except EpisodeTruncated as cut:
+        truncated, error = cut.reason, None
+        rewards = env.rewards_for(env.truncated_reward)
     except Exception:
         rewards, error = {}, traceback.format_exc()
     return Trajectory(sample, tuple(ctx.turns), rewards, group, error, started_version, id,
-                      tuple(ctx.tool_calls), env.name)
+                      tuple(ctx.tool_calls), env.name, truncated, dict(ctx.counts))

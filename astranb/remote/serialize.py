@@ -95,7 +95,7 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
             for turn in t.turns
         ],
         "tool_calls": [dataclasses.asdict(call) for call in t.tool_calls],
-        "env": t.env,
+        "env": t.env, "truncated": t.truncated, "counts": dict(t.counts),
     }
 
 
@@ -113,7 +113,8 @@ def trajectory_from_wire(d: Mapping[str, Any]) -> Trajectory:
     return Trajectory(
         d["sample"], turns, {k: float(v) for k, v in d["rewards"].items()}, int(d["group"]),
         d.get("error"), int(d.get("started_version", 0)), d.get("id", ""), tool_calls,
-        str(d.get("env", "")),
+        str(d.get("env", "")), d.get("truncated"),
+        {str(k): int(v) for k, v in (d.get("counts") or {}).items()},
     )
 
 
@@ -146,6 +147,7 @@ def spec_from_wire(d: Mapping[str, Any]) -> ModelSpec:
 # -- batches --------------------------------------------------------------------------------------
 
 _BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
+_OPTIONAL = ("top_p_B",)  # added later: a client that does not send it sampled with top_p 1
 
 
 def batch_to_bytes(batch: Batch, **metadata: str) -> bytes:
@@ -160,11 +162,12 @@ def batch_from_bytes(blob: bytes) -> Batch:
         tensors = st_load(blob)
     except Exception as error:  # safetensors raises its own error types
         raise ValueError(f"batch is not a valid safetensors blob: {error}") from None
-    missing = [n for n in _BATCH_FIELDS if n not in tensors]
+    missing = [n for n in _BATCH_FIELDS if n not in tensors and n not in _OPTIONAL]
     if missing:
         raise ValueError(f"batch lacks tensor(s) {missing}; expected {list(_BATCH_FIELDS)}")
-    batch = Batch(**{n: tensors[n] for n in _BATCH_FIELDS})
-    rows = {n: int(tensors[n].shape[0]) if tensors[n].dim() else -1 for n in _BATCH_FIELDS}
+    present = [n for n in _BATCH_FIELDS if n in tensors]
+    batch = Batch(**{n: tensors[n] for n in present})
+    rows = {n: int(tensors[n].shape[0]) if tensors[n].dim() else -1 for n in present}
     if len(set(rows.values())) != 1:
         raise ValueError(f"batch tensors disagree on the number of rows: {rows}")
     shape = tuple(batch.input_ids_B_T.shape)

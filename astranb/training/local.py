@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
+from ..engines._sampling import top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
 
@@ -75,17 +76,38 @@ def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torc
     """Logprob of each input token given the ones before it, and the entropy there.
 
     Returns (logp_B_T, entropy_B_T) aligned with input_ids (position 0 is 0: nothing predicts
-    it). Logits are divided by each row's sampling temperature, as the engine sampled them.
+    it). The distribution is the one the engine sampled from: logits divided by each row's
+    temperature, then, for rows sampled with top_p < 1, cut to the same nucleus
+    (`engines._sampling.top_p_filter`). A token outside the current nucleus (possible once the
+    weights moved on) gets the floor logprob LOGP_FLOOR and no gradient, instead of -inf.
     """
     ids = batch.input_ids_B_T[rows]
     mask = batch.attention_mask_B_T[rows]
-    logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    logits = model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1]
     logits = logits / batch.temperature_B[rows].to(logits.device)[:, None, None]
-    logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
-    target = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    assert batch.top_p_B is not None  # Batch fills it in
+    top_p_B = batch.top_p_B[rows].to(logits.device)
+    if bool((top_p_B < 1).any()):
+        logits = _nucleus(logits, top_p_B)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    target = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).clamp(min=LOGP_FLOOR)
+    entropy = -(logp_all.exp() * logp_all.clamp(min=LOGP_FLOOR)).sum(-1)
     pad = torch.nn.functional.pad
     return pad(target, (1, 0)), pad(entropy, (1, 0))
+
+
+LOGP_FLOOR = -50.0
+"""Logprob given to a trained token its row's nucleus no longer holds (probability ~2e-22)."""
+
+
+def _nucleus(logits_B_T_V: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
+    """Logits with every token outside each position's top-p nucleus set to -inf (the mask is
+    chosen without gradient; the kept logits stay differentiable)."""
+    B, T, V = logits_B_T_V.shape
+    with torch.no_grad():
+        flat_N_V = logits_B_T_V.detach().reshape(B * T, V)
+        kept_N_V = top_p_filter(flat_N_V, top_p_B.repeat_interleave(T)) > float("-inf")
+    return logits_B_T_V.masked_fill(~kept_N_V.reshape(B, T, V), float("-inf"))
 
 
 def micro_batches(start: int, stop: int, size: int) -> list[slice]:
@@ -194,6 +216,22 @@ class LocalTrainer:
         totals["tokens"] = float(batch.num_tokens)
         self.version += 1
         return totals
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised step: token-mean negative log-likelihood of the tokens whose loss_mask
+        is 1 (see training/sft.py). Version += 1, like an RL step: the weights changed."""
+        batch = _to(batch, self.device)
+        num_tokens = max(batch.num_tokens, 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for part in micro_batches(0, batch.size, self.micro_batch_size):
+            logp, _ = token_logprobs(self.model, batch, part)
+            loss = -token_mean(logp, batch.loss_mask_B_T[part], num_tokens)
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm = clip_and_step(self.model, self.optimizer, self.optimizer_config)
+        self.version += 1
+        return {"loss": total, "grad_norm": grad_norm, "tokens": float(batch.num_tokens)}
 
     @torch.no_grad()
     def weights(self) -> dict[str, torch.Tensor]:
