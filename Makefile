@@ -8,19 +8,19 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup browser quickstart test test-fast lint lab bench clean
+.PHONY: setup browser quickstart agents test test-fast lint lab bench clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
-		environments/actor_verifier/pyproject.toml
+		environments/actor_verifier/pyproject.toml environments/math/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --timeout 15 --retries 0 --index-url $(TORCH_INDEX) \
 		"$(TORCH)" || { echo "note: PyTorch's CPU wheel index is not reachable; installing" \
 		"$(TORCH) from the default index"; $(BIN)/python -m pip install --quiet "$(TORCH)"; }
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic \
-		-e environments/actor_verifier
+		-e environments/actor_verifier -e environments/math
 	touch $@
 
 # Runs the quickstart notebook headless; the executed notebook and its figure land in results/.
@@ -29,6 +29,15 @@ quickstart: setup
 	$(BIN)/papermill notebooks/01_quickstart.ipynb results/01_quickstart.ipynb \
 		-p results_dir ../results -p run_dir ../runs/quickstart --cwd notebooks
 	@$(BIN)/python -c "import json; print(json.load(open('results/quickstart.json')))"
+
+# The tool-using math agent on CPU (notebooks/06_agents.ipynb, recipe "cpu"): warm start, RL,
+# held-out evaluation; the executed notebook and results/06_agents.json land in results/.
+agents: setup
+	mkdir -p results
+	$(BIN)/astranb run notebooks/06_agents.ipynb -p recipe cpu -p results_dir ../results \
+		-p run_dir ../runs/agents -o results --timeout 1200
+	@$(BIN)/python -c "import json; d = json.load(open('results/06_agents.json')); \
+		print({k: d[k] for k in ('before', 'after_warm_start', 'after_rl', 'rl_rise')})"
 
 # Debian's chromium for the real-browser test (never a downloaded browser build). Without apt
 # as root (or passwordless sudo) it only says so, and that test skips.

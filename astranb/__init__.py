@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import environments, models, weights
+from . import chat, data, environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
 from .contracts import Engine, Publisher, Trainer
+from .data import DataSource
 from .dataflow.config import RunConfig
 from .environments import Environment, EpisodeContext, play_episode
+from .environments.conversation import ChatMessage, ToolOutcome
 from .errors import (
     AstranbError,
     EpisodesKeepFailing,
@@ -32,6 +34,7 @@ from .errors import (
     ServiceUnavailable,
     TrainerRolledBack,
 )
+from .evaluation import RoleEvaluation
 from .policy import Policy
 from .recorder import Episode
 from .run import Run
@@ -56,6 +59,10 @@ __all__ = [
     "Environment",
     "EpisodeContext",
     "play_episode",
+    "ChatMessage",
+    "ToolOutcome",
+    "DataSource",
+    "RoleEvaluation",
     "Trainer",
     "Engine",
     "Publisher",
@@ -86,6 +93,8 @@ __all__ = [
     "TrainerRolledBack",
     "WeightTransferError",
     "models",
+    "chat",
+    "data",
     "environments",
     "weights",
     "__version__",

@@ -8,11 +8,13 @@ every train step the trainer publishes its weights to the engine as version v+1.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import torch
 
 from .algorithms import Algorithm
 from .contracts import Engine, Publisher, Trainer
@@ -85,7 +87,8 @@ class Policy:
         return await self.publisher.publish(self.name, self.trainer)
 
     def sft(self, examples: Sequence[Demonstration], steps: int = 100, batch_size: int = 16,
-            *, seed: int = 0, progress: bool = True) -> list[dict[str, float]]:
+            *, lr: float | None = None, seed: int = 0,
+            progress: bool = True) -> list[dict[str, float]]:
         """Supervised warm-start on demonstrations, on this policy's own trainer, then publish.
 
         The loss is the negative log-likelihood of the assistant tokens only (prompts, tool
@@ -98,6 +101,7 @@ class Policy:
                 {"messages": [...], "tools": [fn, ...]}, or (prompt, completion) text pairs.
             steps: optimizer steps.
             batch_size: demonstrations per step.
+            lr: learning rate of these steps (default: the optimizer's); RL keeps its own.
             seed: shuffling seed.
             progress: print the loss ten times along the way.
 
@@ -116,10 +120,22 @@ class Policy:
         batches = sft_batches(self.tokenizer, list(examples), batch_size, seed,
                               0 if pad is None else int(pad))
         history: list[dict[str, float]] = []
-        for i in range(steps):
-            history.append(step(next(batches)))
-            if progress and (i + 1) % max(1, steps // 10) == 0:
-                print(f"sft {self.name}: step {i + 1}/{steps}, loss {history[-1]['loss']:.4f}")
+        groups = self.trainer.optimizer.param_groups if lr is not None else []  # type: ignore[attr-defined]
+        saved = [group["lr"] for group in groups]
+        for group in groups:
+            group["lr"] = lr
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(threads, os.cpu_count() or 1))  # nothing else runs meanwhile
+        try:
+            for i in range(steps):
+                history.append(step(next(batches)))
+                if progress and (i + 1) % max(1, steps // 10) == 0:
+                    print(f"sft {self.name}: step {i + 1}/{steps}, "
+                          f"loss {history[-1]['loss']:.4f}")
+        finally:
+            torch.set_num_threads(threads)
+            for group, value in zip(groups, saved, strict=True):
+                group["lr"] = value
         if self.run_on_loop is None:
             raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing can "
                                "publish its weights")

@@ -1,11 +1,12 @@
-"""What a run leaves behind: one metrics row per (policy, step) and every episode.
+"""What a run leaves behind: one metrics row per (policy, step), every episode, and events.
 
 The recorder is written from the session's event loop and read from anywhere (the notebook's
-thread, widgets), so it guards its lists with a lock and hands out copies. Rows and episodes are
-also appended to JSON-lines files in the run's folder as they arrive, so a crashed kernel loses
-nothing that was already collected. Observers (dashboards, progress bars) subscribe with
-`on_event`; an observer that raises is reported with its name and then switched off, never
-allowed to stop training.
+thread, widgets), so it guards its lists with a lock and hands out copies. Rows, episodes and
+events are also appended to JSON-lines files in the run's folder as they arrive, so a crashed
+kernel loses nothing that was already collected. Events are what happens outside the step
+rhythm: a trainer rollback, or a held-out evaluation window ("evaluation", see `evaluations`).
+Observers (dashboards, progress bars) subscribe with `on_event`; an observer that raises is
+reported with its name and then switched off, never allowed to stop training.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class Episode:
     """The environment object itself (not saved to disk): what `rescore` plays again."""
     tokenizers: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """Policy name -> tokenizer (not saved to disk): per-token text and re-tokenized edits."""
+    truncated: str | None = None
+    """Why the episode was cut short (context or token budget), or None."""
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """What the episode counted with `ctx.count`."""
 
     def show(self) -> EpisodeDebugger:
         """Open the episode in the step-through debugger, display it, and return it.
@@ -96,6 +101,8 @@ class Episode:
             )
         lines += [_render_tool(c) for c in tools if c["position"] >= len(self.turns)]
         lines.append(f"  rewards: {dict(self.rewards)}" if self.error is None else "  FAILED:")
+        if self.truncated:
+            lines.append(f"  truncated ({self.truncated})")
         if self.error:
             lines.append("    " + self.error.strip().replace("\n", "\n    "))
         return "\n".join(lines)
@@ -111,6 +118,8 @@ class Episode:
             "trainer_version": self.trainer_version,
             "tool_calls": list(self.tool_calls),
             "env": self.env,
+            "truncated": self.truncated,
+            "counts": dict(self.counts),
         }
 
     @classmethod
@@ -120,7 +129,8 @@ class Episode:
         return cls(int(data["index"]), int(data["group"]), dict(data["sample"]),
                    tuple(data["turns"]), dict(data["rewards"]), data.get("error"),
                    int(data.get("trainer_version", 0)), tuple(data.get("tool_calls") or ()),
-                   str(data.get("env", "")))
+                   str(data.get("env", "")), truncated=data.get("truncated"),
+                   counts={str(k): int(v) for k, v in (data.get("counts") or {}).items()})
 
     @classmethod
     def from_trajectory(cls, traj: Trajectory, index: int = 0, trainer_version: int = 0, *,
@@ -151,6 +161,8 @@ class Episode:
             env=traj.env or (environment.name if environment is not None else ""),
             environment=environment,
             tokenizers=tokenizers,
+            truncated=traj.truncated,
+            counts=dict(traj.counts),
         )
 
 
@@ -224,6 +236,12 @@ class Recorder:
         with self._lock:
             return list(self._events)
 
+    @property
+    def evaluations(self) -> list[dict[str, Any]]:
+        """The held-out evaluation windows recorded so far ("evaluation" events), in order."""
+        with self._lock:
+            return [e for e in self._events if e["kind"] == "evaluation"]
+
     def add_episode(self, traj: Trajectory, trainer_version: int, *,
                     environment: Environment | None = None,
                     tokenizers: Mapping[str, Any] | None = None) -> Episode:
@@ -264,8 +282,8 @@ class Recorder:
             return list(self._episodes)
 
     def on_event(self, observer: Callable[[str, Any], None]) -> Callable[[], None]:
-        """Call `observer(kind, payload)` for every "metrics" row and "episode"; returns an
-        unsubscribe function."""
+        """Call `observer(kind, payload)` for every "metrics" row, "episode" and event (such as
+        "evaluation"); returns an unsubscribe function."""
         self._observers.append(observer)
         return lambda: self._observers.remove(observer) if observer in self._observers else None
 

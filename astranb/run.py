@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .dataflow.config import RunConfig
+from .dataflow.flow import HeldOut
 from .recorder import Episode, Recorder
 
 if TYPE_CHECKING:
@@ -37,8 +38,11 @@ class Run:
         stop: Callable[[], None],
         policies: list[str],
         accounting: Callable[[], dict[str, int]] = dict,
+        heldout: HeldOut | None = None,
     ):
         self.config = config
+        self.heldout = heldout
+        """What the run evaluates while it trains (`train(eval_every=...)`), or None."""
         self.directory: Path = recorder.directory
         self._recorder = recorder
         self._future = future
@@ -70,10 +74,42 @@ class Run:
 
     @property
     def metrics(self) -> pandas.DataFrame:
-        """One row per (policy, step): rewards, staleness, buffer, drops, loss, timings."""
+        """One row per (policy, step): rewards, staleness, buffer, drops, loss, timings.
+
+        A run that evaluates (`train(eval_every=...)`) also has one row per evaluation window,
+        in time order among the step rows, and a `kind` column telling them apart ("step" or
+        "eval"). An eval row has `time` and the window's numbers as `eval/<name>`:
+        `eval/<role>/avg@<k>`, `eval/<role>/pass@<k>`, `eval/version` (the policies' version
+        when it began), `eval/token_versions`, `eval/failed`, `eval/truncated`, `eval/n`,
+        `eval/k`, `eval/window`, `eval/seconds`. `run.evaluations` has the windows alone.
+        """
         import pandas as pd
 
-        return pd.DataFrame(self._recorder.rows)
+        rows = self._recorder.rows
+        if self.heldout is None:
+            return pd.DataFrame(rows)
+        steps = [{"kind": "step", **row} for row in rows]
+        evals = [{"kind": "eval", "time": e["time"],
+                  **{f"eval/{k}": v for k, v in e.items() if k not in ("kind", "time")}}
+                 for e in self._recorder.evaluations]
+        return pd.DataFrame(sorted(steps + evals, key=lambda row: row["time"]))
+
+    @property
+    def evaluations(self) -> pandas.DataFrame:
+        """One row per held-out evaluation window (`train(eval_every=...)`): window, version
+        (the policies' version when it began), time, seconds, env, split, `<role>/avg@<k>` and
+        `<role>/pass@<k>` per role, n (problems), k, failed, truncated, token_versions (the
+        weight versions that sampled it: more than one when a new version was published while
+        it played), first_error (the traceback of one failed play, else None; evaluation
+        episodes are not in `run.episodes`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.evaluation_rows)
+
+    @property
+    def evaluation_rows(self) -> list[dict[str, Any]]:
+        """The evaluation windows as plain dicts (what the dashboard draws from)."""
+        return [{k: v for k, v in e.items() if k != "kind"} for e in self._recorder.evaluations]
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -93,7 +129,9 @@ class Run:
     @property
     def accounting(self) -> dict[str, int]:
         """Episode accounting: submitted, completed, resubmitted after a failover, duplicates
-        discarded, lost (must be 0), and trained_twice (must be 0)."""
+        discarded, late (results of abandoned episodes), lost (must be 0), and trained_twice
+        (must be 0). With rollout services, held-out evaluation episodes are submitted and
+        completed too."""
         return self._accounting()
 
     @property
@@ -147,12 +185,14 @@ class Run:
         """Show the run's dashboard in this cell and return it.
 
         Panels: reward per policy, staleness (per step, distribution, bound), weight bytes sent
-        and share of weights changed per version, throughput, buffer, drops and filtered groups,
-        each policy's version; a Stop button. In JupyterLab the panels update live (at most once
-        per `interval` seconds); headless (papermill, nbmake) they appear as a static figure when
-        `await run` / `run.wait()` sees the run end; in a script, one line of text. The
-        `ASTRANB_DISPLAY` environment variable (widgets | static | none) or `mode` overrides
-        the guess. A failing dashboard shows its error and never stops training.
+        and share of weights changed per version, throughput, buffer, drops, filtered groups,
+        failed and truncated episodes, and (with `train(eval_every=...)`) held-out avg@k and
+        pass@k per version; each policy's version; a Stop button. In JupyterLab the panels
+        update live (at most once per `interval` seconds); headless (papermill, nbmake) they
+        appear as a static figure when `await run` / `run.wait()` sees the run end; in a
+        script, one line of text. The `ASTRANB_DISPLAY` environment variable (widgets | static
+        | none) or `mode` overrides the guess. A failing dashboard shows its error and never
+        stops training.
         """
         from .notebook.dashboard import open_dashboard
         from .notebook.display import MODES, display_mode, in_kernel
@@ -222,8 +262,12 @@ class Run:
         return fig
 
     def summary(self) -> dict[str, float]:
-        """Headline numbers: final reward (mean over the last 10% of steps), steps, time."""
-        df = self.metrics
+        """Headline numbers: final reward (mean over the last 10% of steps), steps, time; with
+        held-out evaluation also the last window's `eval/<role>/avg@<k>`, `eval/<role>/pass@<k>`
+        and `eval/version`."""
+        import pandas as pd
+
+        df = pd.DataFrame(self._recorder.rows)
         if df.empty:
             return {"steps": 0}
         tail = df.groupby("policy").tail(max(1, math.ceil(self.config.steps / 10)))
@@ -233,11 +277,25 @@ class Run:
             "seconds": float(df["time"].max()),
             "episodes": int(df["episodes"].max()),
             "staleness_max": int(df["staleness_max"].max()),
+            **{f"eval/{name}": value for name, value in self._last_evaluation().items()},
         }
+
+    def _last_evaluation(self) -> dict[str, float]:
+        """version and every `<role>/avg@<k>`, `<role>/pass@<k>` of the last window ({} if
+        none)."""
+        windows = self._recorder.evaluations
+        if not windows:
+            return {}
+        last = windows[-1]
+        scores = {k: float(v) for k, v in last.items() if "/avg@" in k or "/pass@" in k}
+        return {"version": last["version"], **scores}
 
     def __repr__(self) -> str:
         done, total = self.progress
-        return f"Run({self.status}, {done}/{total} steps, dir={str(self.directory)!r})"
+        last = self._last_evaluation()
+        held = "".join(f", {k} {v:.3f}" for k, v in last.items() if k != "version")
+        held = f", held-out v{last['version']}{held}" if last else ""
+        return f"Run({self.status}, {done}/{total} steps{held}, dir={str(self.directory)!r})"
 
     def _repr_html_(self) -> str:
         from .notebook.html import card, table
@@ -253,6 +311,12 @@ class Run:
              last[p]["episodes"]) if p in last else (p, 0, "", "", "", "", "", "")
             for p in self._policies
         ])
+        held = self._last_evaluation()
+        if held and self.heldout is not None:
+            scores = " · ".join(f"{html.escape(k)} {v:.3f}" for k, v in held.items()
+                                if k != "version")
+            body += (f"<div style='font-size:12px'>held-out ({html.escape(self.heldout.split)} "
+                     f"split) at v{held['version']}: {scores}</div>")
         error = self.error
         if error is not None:
             body += (f"<pre style='color:#d62728'>{type(error).__name__}: "

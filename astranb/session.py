@@ -18,12 +18,13 @@ go on while the notebook runs other cells, and heavy torch work stays off the ke
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import anyio
 import torch
@@ -33,11 +34,16 @@ from . import environments
 from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
 from .dataflow.config import RunConfig
-from .dataflow.flow import Dataflow
-from .dataflow.orchestrator import Source
+from .dataflow.flow import Dataflow, HeldOut
+from .dataflow.orchestrator import Source, play_heldout
 from .engines import HFEngine
 from .environments.base import Environment
-from .environments.play import play_episode
+from .evaluation import (
+    RoleEvaluation,
+    check_evaluation,
+    evaluate_trajectories,
+    heldout_samples,
+)
 from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
 from .recorder import Recorder
@@ -157,7 +163,7 @@ class Session:
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
                 "(SGLang engines are served by `astranb serve rollout` on a GPU host)"
             )
-        dtype = dtype_for(self.device)
+        dtype = dtype_for(self.device, spec)
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
         self._stack.callback(eng.close)
@@ -167,6 +173,7 @@ class Session:
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
                         max_batch_size=max_batch_size, seed=seed)
+        policy.run_on_loop = self._run_on_loop
         self.policies[name] = policy
         return policy
 
@@ -185,11 +192,12 @@ class Session:
             publisher = ServicesPublisher(pool, trainer=trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
-                                   dtype=dtype_for(self.device))
+                                   dtype=dtype_for(self.device, spec))
             publisher = ServicesPublisher(pool, WeightStore(name, full_every=full_every))
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
                         spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
+        policy.run_on_loop = self._run_on_loop
         self.policies[name] = policy
         try:
             self._loop().call(pool.prepare)  # every service builds its engine now
@@ -267,6 +275,11 @@ class Session:
         order: str = "edf",
         seed: int = 0,
         mode: str = "independent",
+        eval_every: int | None = None,
+        eval_n: int = 64,
+        eval_k: int = 1,
+        eval_split: str = "test",
+        eval_env: Environment | None = None,
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -279,12 +292,27 @@ class Session:
             seed: seed of the sample streams (and of the choice between environments).
             mode: with several policies, "independent" (each steps when its own batch is
                 ready) or "barrier" (versions advance together, as in AstraFlow).
+            eval_every: evaluate on held-out samples every this many versions of the evaluated
+                environment's policies (version 0 included, and the final version always),
+                alongside training and without pausing it; None: no evaluation. Results:
+                `run.evaluations`, the `kind="eval"` rows of `run.metrics`, the dashboard.
+                Evaluation episodes are never trained on and not counted as episodes.
+            eval_n: problems per evaluation: the first eval_n samples of
+                `env.split_samples(eval_split, seed=10_000)` (the ones `evaluate` plays by
+                default), the same in every window.
+            eval_k: plays per problem (avg@k, pass@k).
+            eval_split: the held-out split; the environment must list it in `splits`.
+            eval_env: the environment to evaluate (default: the wired one). It may be another
+                environment than the trained ones if its roles are wired (by name) to one
+                policy each.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
         wired = self._check_ready()
+        heldout = (None if eval_every is None
+                   else self._heldout(wired, eval_env, eval_split, eval_n, eval_k, eval_every))
         policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
         index = len(self._runs)
         recorder = Recorder(
@@ -294,27 +322,72 @@ class Session:
         scope_box: list[anyio.CancelScope] = []
         final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
         future = self._loop().start_task_soon(self._run_main, config, wired, recorder,
-                                              scope_box, final)
+                                              scope_box, final, heldout)
         run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted(policies),
-                  lambda: dict(final) or self._loop().call(self._accounting))
+                  lambda: dict(final) or self._loop().call(self._accounting), heldout)
         self._runs.append(run)
         return run
 
+    @overload
+    def evaluate(self, env: Environment | None = None, *, split: None = None, n: int = 128,
+                 k: int = 1, seed: int = 10_000) -> dict[str, float]: ...
+
+    @overload
+    def evaluate(self, env: Environment | None = None, *, split: str, n: int = 128,
+                 k: int = 1, seed: int = 10_000) -> dict[str, RoleEvaluation]: ...
+
     def evaluate(
-        self, env: Environment | None = None, n: int = 128, seed: int = 10_000
-    ) -> dict[str, float]:
-        """Mean reward per role of `n` episodes with the current weights (nothing is trained).
+        self, env: Environment | None = None, *, split: str | None = None, n: int = 128,
+        k: int = 1, seed: int = 10_000,
+    ) -> dict[str, float] | dict[str, RoleEvaluation]:
+        """Play episodes with the current weights (nothing is trained) and score them.
+
+        Without `split`: the mean reward per role of `n` episodes of `env.samples(seed)`, plus
+        "failed_episodes" when some failed. With `split` ("test", or any split the environment
+        lists in `splits`): the first `n` samples of `env.split_samples(split, seed)`, each
+        played `k` times, and per role a `RoleEvaluation`: avg@k (mean over problems of the
+        mean reward of the k plays), pass@k (share of problems solved, `env.solved(reward)`,
+        by at least one of k plays), the weight versions of the role's tokens, and how many
+        plays failed or were truncated. Episodes play on this process's engines or on the
+        rollout services, whichever the session uses.
 
         Args:
-            env: which wired environment (needed when several are wired).
+            env: which environment (default: the wired one; needed when several are wired). An
+                environment that is not wired works when each of its roles is wired, by name, to
+                one policy.
+            split: the samples' split; None keeps the plain mean-reward evaluation.
+            n: problems (samples) to play.
+            k: plays per problem (with `split` only).
+            seed: seed of the sample stream.
+
+        Returns:
+            role -> mean reward (no split), or role -> RoleEvaluation (with a split).
+
+        Raises:
+            ValueError: bad arguments, or the environment has no such split.
+            RuntimeError: every episode failed (the first error is in the message).
+
+        Warns:
+            RuntimeWarning: the weights changed while the evaluation played (a run was
+                training), so its tokens come from more than one version.
         """
+        _positive("n", n, "the number of problems to play")
+        _positive("k", k, "plays per problem")
         if env is None:
-            wired = self._check_ready()
-            if len(wired) > 1:
-                names = [e.name for e, _, _ in wired]
-                raise ValueError(f"several environments are wired ({names}); pass env=")
-            env = wired[0][0]
-        return self._loop().call(self._evaluate, env, self._wiring_of(env), n, seed)
+            env = _only_env(self._check_ready(), "env")
+        wiring = self._eval_wiring(env, list(self._wiring))
+        if split is None:
+            if k != 1:
+                raise ValueError(f"k={k} needs a split: pass split='test' (or 'train') to get "
+                                 "avg@k and pass@k, or leave k out for the mean reward")
+            samples = tuple(itertools.islice(env.samples(seed), n))
+            plays = self._loop().call(self._evaluate, env, wiring, samples, 1)
+            return _evaluation([p[0] for p in plays], env.roles)
+        samples = heldout_samples(env, split, n, seed)
+        plays = self._loop().call(self._evaluate, env, wiring, samples, k)
+        results = evaluate_trajectories(plays, env.roles, k, split, env.solved)
+        check_evaluation(plays, results)
+        return results
 
     @property
     def runs(self) -> list[Run]:
@@ -419,6 +492,9 @@ class Session:
                 return w
         raise ValueError(f"{env.name} is not wired to this session; call session.wire first")
 
+    def _run_on_loop(self, fn):
+        return self._loop().call(fn)
+
     def _loop(self):
         if self._portal is None:
             from ._loopthread import track
@@ -433,9 +509,49 @@ class Session:
         if scope_box and self._portal is not None:
             self._portal.call(scope_box[0].cancel)
 
-    async def _run_main(self, config, wired, recorder: Recorder, scope_box, final) -> None:
+    def _heldout(self, wired, env: Environment | None, split: str, n: int, k: int,
+                 every: int) -> HeldOut:
+        """What `train(eval_every=...)` evaluates, checked before the run starts."""
+        _positive("eval_every", every, "policy versions between two evaluation windows (e.g. "
+                  "eval_every=10), or None to train without evaluating")
+        _positive("eval_n", n, "the number of held-out problems per window")
+        _positive("eval_k", k, "plays per problem")
+        env = env if env is not None else _only_env(wired, "eval_env")
+        wiring = self._eval_wiring(env, wired)
+        samples = heldout_samples(env, split, n, 10_000, "eval_split")
+        return HeldOut(env, wiring, samples, k, every, split)
+
+    def _eval_wiring(self, env: Environment, wired) -> dict[str, Policy]:
+        """Role -> policy to evaluate `env` with: its own wiring, or (not wired) each role's
+        one policy among the wired environments, matched by role name."""
+        if not isinstance(env, Environment):
+            raise TypeError(f"expected an Environment to evaluate, got {env!r}")
+        for e, wiring, _ in wired:
+            if e is env:
+                return dict(wiring)
+        found: dict[str, dict[str, Policy]] = {role: {} for role in env.roles}
+        for _, wiring, _ in wired:
+            for role, policy in wiring.items():
+                if role in found:
+                    found[role][policy.name] = policy
+        unclear = {role: sorted(names) for role, names in found.items() if len(names) != 1}
+        if unclear:
+            wired_roles = sorted({role for _, wiring, _ in wired for role in wiring})
+            raise ValueError(
+                f"{env.name} is not wired, and its roles cannot be matched by name to one wired "
+                f"policy each ({unclear}: role -> policies found); evaluate a wired environment, "
+                f"or one whose roles are named like the wired ones ({wired_roles}) and filled by "
+                "one policy each")
+        return {role: next(iter(names.values())) for role, names in found.items()}
+
+    async def _run_main(self, config, wired, recorder: Recorder, scope_box, final,
+                        heldout: HeldOut | None = None) -> None:
         sources = [Source(env, wiring, weight, config.seed) for env, wiring, weight in wired]
-        self._flow = Dataflow(sources, config, recorder, remote=self._pool)  # read by _accounting
+        self._flow = Dataflow(sources, config, recorder, remote=self._pool,  # read by _accounting
+                              heldout=heldout)
+        if (heldout is not None and self._pool is not None
+                and all(heldout.env is not env for env, _, _ in wired)):
+            self._pool.register_env(heldout.env, heldout.wiring)  # the services play it too
         failure: BaseException | None
         try:
             with anyio.CancelScope() as scope:
@@ -461,33 +577,33 @@ class Session:
         counts = self._pool.accounting() if self._pool is not None else {}
         return {**counts, "trained_twice": flow.trained_twice if flow is not None else 0}
 
-    async def _evaluate(self, env, wiring, n: int, seed: int) -> dict[str, float]:
-        samples = iter(env.samples(seed))
-        batch = [next(samples) for _ in range(n)]
-        results: list[Trajectory | None]
-        if self._pool is not None:
-            results = list(await self._play_remote(env, wiring, batch))
-        else:
-            results = [None] * n
-
-            async def one(i: int) -> None:
-                results[i] = await play_episode(env, wiring, batch[i])
-
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(one, i)
-        return _evaluation(results, env.roles)
-
-    async def _play_remote(self, env, wiring, batch: list[Any]) -> list[Trajectory]:
+    async def _evaluate(self, env: Environment, wiring: Mapping[str, Policy],
+                        samples: Sequence[Mapping[str, Any]], k: int) -> list[list[Trajectory]]:
+        """Play each sample k times with the current weights, here or on the rollout services."""
+        version = min(p.version for p in wiring.values())
+        if self._pool is None:
+            return await play_heldout(env, wiring, samples, k, version=version)
         pool = self._pool
-        assert pool is not None  # _evaluate comes here only with rollout services
         pool.start_run([Source(env, wiring)])
-        items = [(f"{pool.tag}.eval.{i}", dict(s), -1, 0) for i, s in enumerate(batch)]
         async with anyio.create_task_group() as tg:
             tg.start_soon(pool.run)
-            results = await pool.play(env, items)
+            plays = await play_heldout(env, wiring, samples, k, remote=pool, version=version)
             tg.cancel_scope.cancel()
-        return results
+        return plays
+
+
+def _positive(name: str, value: Any, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer ({meaning}), got {value!r}")
+
+
+def _only_env(wired, argument: str) -> Environment:
+    """The one wired environment; with several, an error asking for `argument`."""
+    if len(wired) > 1:
+        names = [e.name for e, _, _ in wired]
+        raise ValueError(f"several environments are wired ({names}); pass {argument}= (the one "
+                         "to evaluate)")
+    return wired[0][0]
 
 
 def _evaluation(results: Sequence[Trajectory | None], roles: Sequence[str]) -> dict[str, float]:

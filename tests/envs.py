@@ -120,3 +120,37 @@ async def count_a(text: str) -> int:
 
 def starts_with(text: str, prefix: str) -> bool:
     return text.startswith(prefix)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first.
+        b: the second.
+    """
+    return a + b
+
+
+class ChatTool(Environment):
+    """Two chat turns around a tool call: the agent may call `add`; the result of `add` comes back
+    as a tool message either way; the reward is whether its reply holds the sum ("a" counts a
+    little, so an untrained model sees varied rewards)."""
+
+    roles = ("agent",)
+    sampling = SamplingParams(max_new_tokens=8)
+
+    def samples(self, seed=0):
+        rng = random.Random(seed)
+        while True:
+            yield {"a": rng.randint(1, 9), "b": rng.randint(1, 9)}
+
+    async def episode(self, ctx, sample):
+        a, b = sample["a"], sample["b"]
+        messages = [{"role": "user", "content": f"What is {a} + {b}?"}]
+        first = await ctx.chat("agent", messages, tools=[add])
+        await ctx.run_tools(messages, first, [add])
+        total = await ctx.tool("add", add, a, b)
+        messages.append({"role": "tool", "name": "add", "content": str(total)})
+        final = await ctx.chat("agent", messages, tools=[add])
+        return float(str(total) in final.content) + 0.01 * final.text.count("a")

@@ -17,7 +17,7 @@ from astranb.services.http import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA",
-             "ToolBetween": "tests.envs:ToolBetween"}
+             "ToolBetween": "tests.envs:ToolBetween", "ChatTool": "tests.envs:ChatTool"}
 
 
 class Switchable(httpx.AsyncBaseTransport):

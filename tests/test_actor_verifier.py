@@ -3,6 +3,8 @@ policy each turn (and each trained row) belongs to. Scripted fakes stand in for 
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import pytest
 from astranb_actor_verifier import (
@@ -43,17 +45,19 @@ def play(env, **script):
     return rewards, ctx.calls
 
 
+# solver: 1 right first (and kept), 0.5 wrong first and fixed, else 0;
+# verifier: 0.5 * judgement of the first answer + 0.5 * solver
 @pytest.mark.parametrize(
     "solver, verifier, rewards",
     [
         (["7"], ["y"], {"solver": 1.0, "verifier": 1.0}),           # right, approved
-        (["7", "7"], ["n"], {"solver": 1.0, "verifier": 0.0}),      # right, rejected, right again
+        (["7", "7"], ["n"], {"solver": 1.0, "verifier": 0.5}),      # right, rejected, right again
         (["7", "5"], ["nno"], {"solver": 0.0, "verifier": 0.0}),    # right, rejected, gave in
         (["5"], ["y"], {"solver": 0.0, "verifier": 0.0}),           # wrong, approved: no retry
-        (["5", "7"], ["n"], {"solver": 1.0, "verifier": 1.0}),      # wrong, rejected, fixed
-        (["5", "6"], ["n+2"], {"solver": 0.0, "verifier": 1.0}),    # wrong, rejected, still wrong
-        (["5", "7"], ["x"], {"solver": 1.0, "verifier": 0.0}),      # no verdict: a reject worth 0
-        (["7", "7"], [""], {"solver": 1.0, "verifier": 0.0}),       # empty reply: same
+        (["5", "7"], ["n"], {"solver": 0.5, "verifier": 0.75}),     # wrong, rejected, fixed
+        (["5", "6"], ["n+2"], {"solver": 0.0, "verifier": 0.5}),    # wrong, rejected, still wrong
+        (["5", "7"], ["x"], {"solver": 0.5, "verifier": 0.25}),     # no verdict: a reject worth 0
+        (["7", "7"], [""], {"solver": 1.0, "verifier": 0.5}),       # empty reply: same
     ],
 )
 def test_rewards_on_every_path(solver, verifier, rewards):
@@ -62,12 +66,92 @@ def test_rewards_on_every_path(solver, verifier, rewards):
     assert [role for role, _, _ in calls] == ["solver", "verifier", "solver"][: 1 + len(solver)]
 
 
+# -- the reward rule against the lazy fixed point, by playing every problem -------------------
+
+# Every problem of ActorVerifier() (ops "+", max_value 9): a + b = c with c <= 9, 55 of them.
+PROBLEMS = [{"prompt": f"{a}+{b}=", "answer": a + b} for a in range(10) for b in range(10 - a)]
+
+
+class PolicyCtx:
+    """An episode context whose roles answer with functions of their prompt."""
+
+    def __init__(self, **policies):
+        self.policies = policies
+
+    async def generate(self, role, prompt, **sampling):
+        return ab.Generation((), (), (), (), "stop", text=self.policies[role](prompt))
+
+    async def tool(self, name, fn, *args):
+        return fn(*args)
+
+
+def truth(problem):  # "3+4=" -> 7
+    a, b = problem.split("=")[0].split("+")
+    return int(a) + int(b)
+
+
+def lazy_solver(prompt):      # wrong at first, right once it sees a reject ("3+4=5?n\n3+4=")
+    problem = prompt.split("\n")[-1]
+    return str(truth(problem)) if "?" in prompt else str((truth(problem) + 1) % 10)
+
+
+def honest_solver(prompt):    # right every time
+    return str(truth(prompt.split("\n")[-1]))
+
+
+def reject_all(prompt):
+    return "n"
+
+
+def checker(prompt):          # "3+4=7?" -> "y", "3+4=5?" -> "n"
+    problem, answer = prompt[:-1].split("=")
+    return "y" if int(answer) == truth(problem + "=") else "n"
+
+
+def expected_rewards(env, solver, verifier):
+    """Each role's mean reward over every problem, from the environment's own episode()."""
+    ctx = PolicyCtx(solver=solver, verifier=verifier)
+    rewards = [anyio.run(env.episode, ctx, problem) for problem in PROBLEMS]
+    return {role: sum(r[role] for r in rewards) / len(rewards) for role in env.roles}
+
+
+def test_every_problem_is_in_the_samples():
+    seen = {s["prompt"] for s in itertools.islice(ActorVerifier().samples(0), 3000)}
+    assert len(PROBLEMS) == 55 and seen == {p["prompt"] for p in PROBLEMS}
+
+
+def test_the_lazy_fixed_point_earns_less_than_honest_play_for_each_role():
+    env = ActorVerifier()
+    # (a) solver wrong first / right on the retry, verifier rejects all: every episode is
+    # "wrong, rejected, fixed": solver 0.5; verifier 0.5 * 1 (right reject) + 0.5 * 0.5 = 0.75
+    lazy = expected_rewards(env, lazy_solver, reject_all)
+    # (b) solver right first, verifier checks (approves): solver 1; verifier 0.5 + 0.5 * 1 = 1
+    honest = expected_rewards(env, honest_solver, checker)
+    assert lazy == {"solver": 0.5, "verifier": 0.75}
+    assert honest == {"solver": 1.0, "verifier": 1.0}
+    assert all(lazy[role] < honest[role] for role in env.roles)
+    # and (a) is no longer a resting point: against a verifier that rejects all, a solver that
+    # answers right at once earns 1 ("right, rejected, right again"), twice the lazy one's 0.5;
+    # a checking verifier does no worse than rejecting all against the lazy solver
+    assert expected_rewards(env, honest_solver, reject_all)["solver"] == 1.0
+    assert expected_rewards(env, lazy_solver, checker) == lazy
+
+
+def test_the_old_rule_could_not_tell_the_lazy_fixed_point_from_honest_play():
+    # the old rule is this one with a full reward for a fix and no team share: (a) and (b) tie
+    old = ActorVerifier(retry_discount=1.0, team_weight=0.0)
+    lazy = expected_rewards(old, lazy_solver, reject_all)
+    assert lazy == expected_rewards(old, honest_solver, checker) == {"solver": 1.0,
+                                                                      "verifier": 1.0}
+
+
 def test_answers_are_read_like_arithmetic():
     # "7!" is 7 (a digit, then something else); "71" is not 7
     both, neither = {"solver": 1.0, "verifier": 1.0}, {"solver": 0.0, "verifier": 0.0}
     assert play(ActorVerifier(), solver=["7!"], verifier=["y"])[0] == both
     assert play(ActorVerifier(), solver=["71"], verifier=["y"])[0] == neither
-    assert play(ActorVerifier(), solver=["71", "7"], verifier=["n"])[0] == both
+    assert play(ActorVerifier(), solver=["71", "7"], verifier=["n"])[0] == {"solver": 0.5,
+                                                                            "verifier": 0.75}
 
 
 def test_prompts_each_role_sees():
@@ -86,7 +170,7 @@ def test_verdict_only_at_first_character():
 
 def test_without_retry_first_answer_is_final():
     got, calls = play(ActorVerifier(retry=False), solver=["5"], verifier=["n"])
-    assert got == {"solver": 0.0, "verifier": 1.0} and len(calls) == 2
+    assert got == {"solver": 0.0, "verifier": 0.5} and len(calls) == 2
 
 
 def test_samples_are_small_seeded_sums():
@@ -114,6 +198,10 @@ def test_bad_arguments():
         ActorVerifier(reason_tokens=-1)
     with pytest.raises(ValueError, match="ops must be"):
         ActorVerifier(ops="*")
+    with pytest.raises(ValueError, match=r"retry_discount must be in \[0, 1\], got 1.5"):
+        ActorVerifier(retry_discount=1.5)
+    with pytest.raises(ValueError, match="team_weight must be in"):
+        ActorVerifier(team_weight=-0.1)
 
 
 def test_loads_by_name():
@@ -158,13 +246,15 @@ def test_turns_roles_and_credit_assignment():
         ("solver", "alice"), ("verifier", "bob"), ("solver", "alice")]
     assert [(t.role, t.policy) for t in trajectories[1].turns] == [
         ("solver", "alice"), ("verifier", "bob")]
-    assert trajectories[0].rewards == {"solver": 1.0, "verifier": 1.0}
+    assert trajectories[0].rewards == {"solver": 0.5, "verifier": 0.75}
     assert trajectories[1].rewards == {"solver": 1.0, "verifier": 1.0}
     group = Group(0, tuple(trajectories), 0, frozenset({"alice", "bob"}))
     tok = solver.tokenizer
     alice = build_batch([group], "alice", ab.GRPO(), tok.pad_token_id)
     bob = build_batch([group], "bob", ab.GRPO(), tok.pad_token_id)
-    assert alice.input_ids_B_T.shape[0] == 3 and bob.input_ids_B_T.shape[0] == 2  # own turns only
+    # own turns only: alice sampled "5", "7" and "7", bob "n" and "y" (one token each); a retry
+    # whose prompt extends the first turn may share its row, so count sampled tokens, not rows
+    assert alice.loss_mask_B_T.sum().item() == 3 and bob.loss_mask_B_T.sum().item() == 2
     assert set(alice.versions_B_T[alice.loss_mask_B_T > 0].tolist()) == {3}
     assert set(bob.versions_B_T[bob.loss_mask_B_T > 0].tolist()) == {8}
     first_prompt = tok.decode(alice.input_ids_B_T[0, :4].tolist())

@@ -13,9 +13,10 @@ def test_exported_names():
         "Publisher", "LocalTrainer", "Run", "RunConfig", "Episode", "EpisodeDebugger", "debug",
         "GRPO", "M2PO", "Algorithm", "AdamWConfig", "AdamW", "SamplingParams",
         "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory", "WeightUpdate",
-        "AstranbError", "EpisodesKeepFailing", "ReplayError", "ServiceError",
+        "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "ReplayError", "ServiceError",
         "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "models",
-        "environments", "weights", "__version__",
+        "environments", "weights", "__version__", "ChatMessage", "ToolOutcome", "DataSource",
+        "RoleEvaluation", "chat", "data",
     ])
     for name in ab.__all__:
         assert hasattr(ab, name), name
@@ -35,7 +36,14 @@ def test_main_signatures():
         "weight_transfer", "full_every"]
     assert params(ab.Session.wire) == ["self", "env", "weight", "roles"]
     assert params(ab.Session.train) == [
-        "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode"]
+        "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",
+        "eval_every", "eval_n", "eval_k", "eval_split", "eval_env"]
+    assert params(ab.Session.evaluate) == ["self", "env", "split", "n", "k", "seed"]
+    assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "seed", "progress"]
+    assert params(ab.models.hf) == ["name_or_path", "revision", "dtype"]
+    assert params(ab.EpisodeContext.chat) == ["self", "role", "messages", "tools", "sampling"]
+    assert params(ab.EpisodeContext.run_tools) == ["self", "messages", "message", "tools"]
+    assert inspect.iscoroutinefunction(ab.EpisodeContext.chat)
     assert params(ab.Run.wait) == ["self", "timeout", "progress"]
     assert params(ab.models.tiny)[:4] == ["hidden_size", "num_layers", "num_heads", "seed"]
     assert params(ab.environments.load) == ["name", "kwargs"]

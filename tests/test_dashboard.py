@@ -12,6 +12,7 @@ import pytest
 
 import astranb as ab
 from astranb.notebook.dashboard import (
+    HELDOUT_PANEL,
     PANELS,
     StaticDashboard,
     TextDashboard,
@@ -34,7 +35,7 @@ def row(policy, step, **extra):
 
 
 def traces(spec, panel):
-    suffix = [key for key, _, _ in PANELS].index(panel) + 1
+    suffix = [key for key, _, _ in (*PANELS, HELDOUT_PANEL)].index(panel) + 1
     axis = "x" if suffix == 1 else f"x{suffix}"
     return {t["name"]: t for t in spec["data"] if t["xaxis"] == axis}
 
@@ -72,6 +73,33 @@ def test_figure_structure_is_stable_before_and_after_data():
     axes = {"x"} | {f"x{i}" for i in range(2, len(PANELS) + 1)}
     assert {t["xaxis"] for t in full["data"]} == axes
     assert all(t["x"] == [] for t in empty["data"] if t["name"] not in ("bound", "a", "b"))
+
+
+def test_truncated_episodes_add_up_on_the_drops_panel():
+    rows = [row("a", 0, truncated=2), row("a", 1), row("a", 2, truncated=3)]
+    drops = traces(figure(rows, ["a"], max_staleness=1), "drops")
+    # rows count truncated episodes since the last step; the panel draws the running total
+    assert drops["a truncated episodes"]["y"] == [2, 2, 5]
+    assert drops["a truncated episodes"]["line"]["dash"] == "dashdot"
+
+
+def test_heldout_panel_draws_each_windows_scores_against_its_version():
+    windows = [{"version": 0, "solver/avg@4": 0.25, "solver/pass@4": 0.5},
+               {"version": 3, "solver/avg@4": 0.5, "solver/pass@4": float("nan")}]
+    spec = figure([row("a", 0), row("a", 1)], ["a"], 1, evaluations=windows,
+                  eval_roles=["solver"], eval_k=4)
+    held = traces(spec, "heldout")
+    assert held["solver avg@4"]["x"] == [0, 3] and held["solver avg@4"]["y"] == [0.25, 0.5]
+    assert held["solver pass@4"]["y"] == [0.5, None]  # NaN (nothing scored) is a gap
+    assert held["solver pass@4"]["line"]["dash"] == "dash"
+    assert spec["layout"]["meta"]["panels"][-1] == "heldout"
+    assert spec["layout"]["xaxis9"]["title"]["text"] == "version"
+    before = figure([], ["a"], 1, evaluations=[], eval_roles=["solver"], eval_k=4)
+    assert [t["name"] for t in before["data"]] == [t["name"] for t in spec["data"]]
+    assert "heldout" not in figure([], ["a"], 1)["layout"]["meta"]["panels"]  # no evaluation
+    assert to_png(spec)[:8] == b"\x89PNG\r\n\x1a\n"
+    line = status_line("running", [row("a", 0)], ["a"], 2, evaluation={**windows[0], "version": 3})
+    assert line.endswith("held-out v3: solver/avg@4 0.25, solver/pass@4 0.50")
 
 
 def test_long_runs_are_thinned_to_a_bounded_size_keeping_the_last_step():
@@ -245,6 +273,29 @@ def test_static_and_text_dashboards(tmp_path, capsys):
     assert reward["y"] == [None if math.isnan(v) else v for v in run.metrics["reward"]]
     with pytest.raises(ValueError, match="mode='fancy'"):
         run.dashboard(mode="fancy")
+
+
+class HeldOutCountA(CountA):
+    """CountA with a two-problem test split."""
+
+    splits = ("train", "test")
+
+    def split_samples(self, split, seed=0):
+        return iter([{"prompt": "ab="}, {"prompt": "ba="}])
+
+
+def test_live_dashboard_draws_the_heldout_windows(tmp_path):
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2))
+    session.wire(HeldOutCountA(), solver=policy)
+    with session:
+        run = session.train(steps=2, batch_size=8, group_size=4, eval_every=1, eval_n=2)
+        dash = run.dashboard(mode="widgets", interval=0.05)
+        run.wait(progress=False)
+    held = traces(dash.fig.to_plotly_json(), "heldout")
+    assert list(held["solver avg@1"]["x"]) == [0, 1, 2] == list(run.evaluations["version"])
+    assert list(held["solver pass@1"]["y"]) == list(run.evaluations["solver/pass@1"])
+    assert "held-out v2: solver/avg@1" in dash.status_html.value
 
 
 def test_dashboard_updates_come_from_one_thread_only(tmp_path):

@@ -159,17 +159,19 @@ def test_recorded_turns_after_an_edit_are_replayed_with_a_note():
 
 
 def test_actor_verifier_rescore_rejudges_the_first_answer():
-    # wrong first answer, rejected, fixed: both right. Edit the first answer to the right one:
-    # the recorded "n" now rejects a right answer, so the verifier's reward drops to 0
+    # wrong first answer, rejected, fixed on the retry: solver 0.5 (the retry's discount),
+    # verifier 0.5 * 1 (right verdict) + 0.5 * 0.5 (the solver's reward) = 0.75. Edit the first
+    # answer to the right one: the recorded "n" now rejects a right answer (verdict 0), the solver
+    # is right at once (1), so the verifier gets 0.5 * 0 + 0.5 * 1 = 0.5
     env = ActorVerifier()
     dbg = ab.debug(env, {"prompt": "3+4=", "answer": 7},
                    solver=scripted("alice", "5", "7"), verifier=scripted("bob", "n"))
     assert [s.role or s.tool for s in dbg.steps[:-1]] == [
         "solver", "verifier", "check", "solver", "check"]
-    assert dbg.rewards == {"solver": 1.0, "verifier": 1.0}
+    assert dbg.rewards == {"solver": 0.5, "verifier": 0.75}
     episode = dbg.episode
     new = episode.debugger().edit(0, "7").rescore()
-    assert new.rewards == {"solver": 1.0, "verifier": 0.0}
+    assert new.rewards == {"solver": 1.0, "verifier": 0.5}
     assert new.steps[1].origin == "replayed" and "prompt differs" in new.steps[1].note
 
 

@@ -7,24 +7,57 @@
 The Session builds a `Dataflow` for every `train()` (with a `RemoteEpisodes` when rollout
 services play the episodes) and the simulator builds the same object on its virtual clock, so
 both run exactly the same parts in exactly the same way.
+
+With a `HeldOut` plan the run also evaluates while it trains: each time the policies of the
+evaluated environment have published a multiple of `every` versions (version 0 included, and the
+final version always), one *window* plays the held-out samples k times each on the same engines
+(or rollout services), alongside training and without pausing it. Window episodes go through
+`orchestrator.play_heldout`: never counted, recorded as episodes, or put in a buffer. Each window
+is recorded as an "evaluation" event. A window that is still playing when new versions are
+published is not interrupted; the versions passed meanwhile are skipped (the next window plays
+the newest), and the run ends only after the window of the final version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from ..contracts import RemoteEpisodes, RunRecorder
+from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
+from ..environments.base import Environment
+from ..evaluation import evaluate_trajectories, window_columns
 from .barrier import VersionBarrier
 from .buffer import Buffer
 from .config import RunConfig
 from .loop import TrainLoop
-from .orchestrator import Orchestrator, Source
+from .orchestrator import Orchestrator, Source, play_heldout
 from .staleness import StalenessGate
 
-__all__ = ["Dataflow"]
+__all__ = ["Dataflow", "HeldOut"]
+
+_POLL = 0.02
+"""Seconds between two looks at the published versions while no window is due."""
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """What a run evaluates while it trains (`session.train`'s eval_* arguments, validated)."""
+
+    env: Environment
+    """The environment played (its held-out split)."""
+    wiring: Mapping[str, PolicyHandle]
+    """Role -> policy; all of them trained by the run."""
+    samples: tuple[Mapping[str, Any], ...]
+    """The held-out problems: the same ones in every window."""
+    k: int
+    """Plays per problem (avg@k, pass@k)."""
+    every: int
+    """Versions between two windows."""
+    split: str
+    """The split the samples came from (recorded)."""
 
 
 class Dataflow:
@@ -39,8 +72,9 @@ class Dataflow:
     """
 
     def __init__(self, sources: Sequence[Source], config: RunConfig, recorder: RunRecorder, *,
-                 remote: RemoteEpisodes | None = None, workers: int | None = None):
-        self.config, self.remote = config, remote
+                 remote: RemoteEpisodes | None = None, workers: int | None = None,
+                 heldout: HeldOut | None = None):
+        self.config, self.remote, self.recorder = config, remote, recorder
         self.policies = {n: p for src in sources for n, p in src.policies.items()}
         self.gate = StalenessGate(self.policies, config.groups_per_batch, config.max_staleness)
         self.buffers = {name: Buffer(name, config.order) for name in self.policies}
@@ -56,6 +90,15 @@ class Dataflow:
             for n, p in self.policies.items()
         ]
         self.workers = workers or self.gate.capacity
+        self.heldout = heldout
+        if heldout is not None:
+            untrained = {p.name for p in heldout.wiring.values()} - set(self.policies)
+            if untrained:
+                raise ValueError(f"held-out evaluation of {heldout.env.name}: policies "
+                                 f"{sorted(untrained)} are not trained by this run; wire them "
+                                 "to a trained environment or evaluate another environment")
+        self.windows = 0
+        """Evaluation windows recorded so far."""
         if remote is not None:
             remote.start_run(sources)
 
@@ -65,11 +108,12 @@ class Dataflow:
         return sum(loop.trained_twice for loop in self.loops)
 
     async def run(self, *also: Callable[[], Coroutine[Any, Any, object]]) -> None:
-        """Run until every policy has taken its steps; rollouts are then cancelled.
+        """Run until every policy has taken its steps; rollouts are then cancelled. With a
+        `HeldOut` plan the run ends only once the final version's evaluation window is in.
 
         Args:
-            *also: more background tasks that live exactly as long as the rollouts (the
-                simulator's GPUs).
+            *also: more background tasks that live exactly as long as the run (the simulator's
+                GPUs).
         """
         started = anyio.current_time()  # the event loop's clock (virtual in the simulator)
         for loop in self.loops:
@@ -79,8 +123,48 @@ class Dataflow:
                 tg.start_soon(self.remote.run)
             for task in also:
                 tg.start_soon(task)
-            tg.start_soon(self.orchestrator.run, self.workers)
-            async with anyio.create_task_group() as trainers:
-                for loop in self.loops:
-                    trainers.start_soon(loop.run)
-            tg.cancel_scope.cancel()  # all policies trained: stop the rollouts
+            async with anyio.create_task_group() as awaited:
+                if self.heldout is not None:
+                    awaited.start_soon(self._evaluate, self.heldout, started)
+                async with anyio.create_task_group() as rollouts:
+                    rollouts.start_soon(self.orchestrator.run, self.workers)
+                    async with anyio.create_task_group() as trainers:
+                        for loop in self.loops:
+                            trainers.start_soon(loop.run)
+                    rollouts.cancel_scope.cancel()  # all policies trained: stop the rollouts
+            tg.cancel_scope.cancel()  # and the last evaluation window is in: stop the rest
+
+    async def _evaluate(self, heldout: HeldOut, started: float) -> None:
+        """Play a window whenever one is due, until the final version's window is in.
+
+        A window is due when a multiple of `every` lies between the version after the last
+        window (or the first version) and the published version now; it plays that newest
+        version. The final version always gets a window."""
+        names = {p.name for p in heldout.wiring.values()}
+        loops = [loop for loop in self.loops if loop.policy.name in names]
+        final = min(loop.steps for loop in loops)
+        floor = min(loop.published for loop in loops)  # lowest version a window is owed for
+        while True:
+            version = min(loop.published for loop in loops)
+            multiple = version // heldout.every * heldout.every  # the newest one reached
+            if multiple >= floor or version >= final >= floor:
+                await self._window(heldout, version, started)
+                floor = version + 1
+            if version >= final and floor > version:
+                return
+            await anyio.sleep(_POLL)
+
+    async def _window(self, heldout: HeldOut, version: int, started: float) -> None:
+        t0 = anyio.current_time()
+        index, self.windows = self.windows, self.windows + 1
+        plays = await play_heldout(heldout.env, heldout.wiring, heldout.samples, heldout.k,
+                                   remote=self.remote, group=-1 - index, version=version)
+        results = evaluate_trajectories(plays, heldout.env.roles, heldout.k, heldout.split,
+                                        heldout.env.solved)
+        now = anyio.current_time()
+        # the episodes are not recorded, so the window keeps what went wrong with them
+        error = next((t.error for problem in plays for t in problem if not t.ok), None)
+        self.recorder.add_event("evaluation", {
+            "window": index, "version": version, "time": now - started, "seconds": now - t0,
+            "env": heldout.env.name, "split": heldout.split, **window_columns(results),
+            "first_error": error})

@@ -46,9 +46,13 @@ class TrainLoop:
     """Rollout services that play the episodes, if any (a rollback moves their epoch on)."""
     barrier: VersionBarrier | None = None
     """A VersionBarrier in mode="barrier": step v starts once every policy is at version v."""
+    published: int = -1
+    """The version the samplers hold: set at the start and after every publish (what held-out
+    evaluation windows wait for)."""
 
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
+        self.published = self.policy.version
 
     async def run(self) -> None:
         while self.policy.version < self.steps:
@@ -79,6 +83,7 @@ class TrainLoop:
         tokens_during = self.counters.rollout_tokens - tokens_before
         self._count_trained(groups)
         transfer = await policy.publish()
+        self.published = policy.version
         self._release(groups)
         if self.barrier is not None:
             self.barrier.advanced()
@@ -96,6 +101,7 @@ class TrainLoop:
         meaning versions that exist.
         """
         transfer = await self.policy.publish()  # services back on the recovered weights first
+        self.published = self.policy.version
         if self.remote is not None:
             self.remote.epoch += 1  # groups begun before this point are discarded on arrival
         dropped = groups + self.buffer.drain()
@@ -129,6 +135,7 @@ class TrainLoop:
         versions = batch.versions_B_T[batch.loss_mask_B_T > 0]
         rewards = self.counters.take_rewards(self.policy.name)
         c = self.counters
+        epoch = {} if c.epoch is None else {"epoch": c.epoch}
         return {
             "policy": self.policy.name,
             "step": version,
@@ -152,6 +159,9 @@ class TrainLoop:
             "failed_episodes": c.failed,
             "rollout_tokens": c.rollout_tokens,
             "rollout_tokens_during_step": tokens_during,
+            # since this policy's last step: truncated episodes and count/<name> sums
+            **c.take_episode_facts(self.policy.name),
+            **epoch,
             "wait_seconds": t_step - t_wait,
             "step_seconds": now - t_step,
             **metrics,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from .batcher import has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .staleness import StalenessGate
 
-__all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing"]
+__all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing", "play_heldout"]
 
 
 @dataclass
@@ -40,10 +40,42 @@ class RolloutCounters:
     rollout_tokens: int = 0
     rewards_since_step: dict[str, list[float]] = field(default_factory=dict)
     """Per policy: its own role's reward in each episode it played, since its last step."""
+    truncated_since_step: dict[str, int] = field(default_factory=dict)
+    """Per policy: episodes of its environments cut short (context or token budget) since its
+    last step."""
+    counts_since_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per policy: the sum of each `ctx.count` name over its environments' episodes since its
+    last step."""
+    count_names: set[str] = field(default_factory=set)
+    """Every count name seen in the run (rows report each, 0 when nothing was counted)."""
+    epoch: int | None = None
+    """Largest `sample["_epoch"]` among played samples (None: samples carry no epoch)."""
 
     def take_rewards(self, policy: str) -> list[float]:
         """`policy`'s own-role rewards of the episodes finished since its last call (forgotten)."""
         return self.rewards_since_step.pop(policy, [])
+
+    def take_episode_facts(self, policy: str) -> dict[str, int]:
+        """`truncated` and `count/<name>` of `policy`'s episodes since its last call (forgotten)."""
+        counts = self.counts_since_step.pop(policy, {})
+        facts = {"truncated": self.truncated_since_step.pop(policy, 0)}
+        facts.update({f"count/{name}": counts.get(name, 0) for name in sorted(self.count_names)})
+        return facts
+
+    def add(self, traj: Trajectory, policies: Iterable[str]) -> None:
+        """Count a finished episode (failed or not) towards the policies that played it."""
+        self.episodes += 1
+        self.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
+        epoch = traj.sample.get("_epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            self.epoch = epoch if self.epoch is None else max(self.epoch, epoch)
+        self.count_names.update(traj.counts)
+        for name in policies:
+            if traj.truncated is not None:
+                self.truncated_since_step[name] = self.truncated_since_step.get(name, 0) + 1
+            mine = self.counts_since_step.setdefault(name, {})
+            for key, n in traj.counts.items():
+                mine[key] = mine.get(key, 0) + n
 
 
 class Source:
@@ -170,8 +202,7 @@ class Orchestrator:
 
     def _count(self, traj: Trajectory, source: Source) -> None:
         c = self.counters
-        c.episodes += 1
-        c.rollout_tokens += sum(len(t.generation.completion_ids) for t in traj.turns)
+        c.add(traj, source.policies)
         first = next(iter(source.policies.values()))
         # the environment travels with the recorded episode, so the debugger can re-score it
         self.recorder.add_episode(traj, first.version, environment=source.env,
@@ -215,3 +246,35 @@ class Orchestrator:
 def _enough(group: Group, policy: str) -> bool:
     """A group needs two scored episodes for a group-relative advantage to mean anything."""
     return sum(policy_reward(t, policy) is not None for t in group.trajectories) >= 2
+
+
+async def play_heldout(env: Environment, wiring: Mapping[str, PolicyHandle],
+                       samples: Sequence[Mapping[str, Any]], k: int, *,
+                       remote: RemoteEpisodes | None = None, group: int = -1,
+                       version: int = 0) -> list[list[Trajectory]]:
+    """Play every sample k times, all at once, for evaluation: in this process or on `remote`.
+
+    Nothing here is counted, recorded or delivered to a buffer, so these episodes are never
+    trained on. `group` (negative, apart from every training group) goes into the episode ids.
+
+    Returns:
+        Per sample, its k trajectories (failed ones included), in order.
+    """
+    flat: list[Trajectory | None] = [None] * (len(samples) * k)
+    if remote is not None:
+        ids = remote.episode_ids(group, len(flat))
+        items = [(ids[i * k + j], dict(sample), group, version)
+                 for i, sample in enumerate(samples) for j in range(k)]
+        flat = list(await remote.play(env, items))
+    else:
+        async def play(index: int) -> None:
+            flat[index] = await play_episode(env, wiring, samples[index // k], group=group,
+                                             started_version=version,
+                                             id=f"eval.{group}.{index}")
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(flat)):
+                tg.start_soon(play, index)
+    done = [t for t in flat if t is not None]
+    assert len(done) == len(flat)  # every task above filled its slot
+    return [done[i * k:(i + 1) * k] for i in range(len(samples))]

@@ -92,6 +92,8 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.tokenizer = spec.tokenizer()
         self._model = _build_model(spec, dtype, self.device)
+        self.max_context: int | None = getattr(self._model.config, "max_position_embeddings", None)
+        """The model's context in tokens (episodes are truncated before they pass it)."""
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
         # Detached aliases of every parameter/buffer: copy_ into them updates the model in place.
         self._targets = self._model.state_dict()

@@ -336,9 +336,11 @@ class EpisodeContext:
 
 
 def context_length(policy: PolicyHandle) -> int | None:
-    """The policy model's context in tokens, if known (`max_context`, else the tokenizer's
-    `model_max_length` when it is a real limit)."""
+    """The policy model's context in tokens, if known: the policy's or its engine's
+    `max_context`, else the tokenizer's `model_max_length` when it is a real limit."""
     limit = getattr(policy, "max_context", None)
+    if limit is None:
+        limit = getattr(policy.engine, "max_context", None)
     if limit is None:
         limit = getattr(policy.tokenizer, "model_max_length", None)
     if isinstance(limit, int) and 0 < limit < 10_000_000:

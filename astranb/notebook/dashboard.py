@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import math
 import threading
 import time
@@ -30,8 +31,8 @@ from .display import cell_number, publish
 if TYPE_CHECKING:
     from ..run import Run
 
-__all__ = ["PANELS", "figure", "status_line", "to_png", "Throttle", "View", "StaticDashboard",
-           "TextDashboard", "open_dashboard"]
+__all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View",
+           "StaticDashboard", "TextDashboard", "open_dashboard"]
 
 PANELS: tuple[tuple[str, str, str], ...] = (
     ("reward", "reward (own role)", "step"),
@@ -41,9 +42,12 @@ PANELS: tuple[tuple[str, str, str], ...] = (
     ("sparsity", "weights changed (%)", "version"),
     ("throughput", "tokens/s, episodes/s dashed", "seconds"),
     ("buffer", "buffered groups, live dotted", "step"),
-    ("drops", "drops: stale, filtered, failed", "step"),
+    ("drops", "drops: stale, filtered, failed, truncated", "step"),
 )
 """(key, title, x axis label) of each panel, in grid order (2 rows x 4 columns)."""
+
+HELDOUT_PANEL = ("heldout", "held-out avg@k / pass@k per version", "version")
+"""The panel after the others when the run evaluates (`train(eval_every=...)`)."""
 
 COLUMNS = 4
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -53,7 +57,9 @@ _RATE_WINDOW = 4
 
 # -- panels -------------------------------------------------------------------------------------
 def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_staleness: int,
-           title: str = "", max_points: int = 500) -> dict[str, Any]:
+           title: str = "", max_points: int = 500, *,
+           evaluations: Sequence[Mapping[str, Any]] | None = None,
+           eval_roles: Sequence[str] = (), eval_k: int = 1) -> dict[str, Any]:
     """Every panel as one plotly figure dict (`{"data": [...], "layout": {...}}`).
 
     The traces are the same, in the same order, for any number of rows (empty lists before the
@@ -66,13 +72,20 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         title: figure title (the status line).
         max_points: longer series are thinned to every k-th point plus the last, so a redraw of
             a long run stays small (run.metrics keeps every row).
+        evaluations: the run's held-out evaluation windows (`run.evaluation_rows`); not None
+            adds the held-out panel: avg@k (solid) and pass@k (dashed) of each of `eval_roles`
+            against the version each window began at.
+        eval_roles: the evaluated environment's roles; eval_k: its plays per problem.
     """
     traces: list[dict[str, Any]] = []
+    panels = PANELS if evaluations is None else (*PANELS, HELDOUT_PANEL)
 
     def add(panel: str, name: str, x, y, policy: str | None = None, dash: str = "solid",
-            kind: str = "scatter", legend: bool = False) -> None:
-        axis = _axis_suffix(panel)
-        color = COLORS[policies.index(policy) % len(COLORS)] if policy in policies else "#7f7f7f"
+            kind: str = "scatter", legend: bool = False, color: str | None = None) -> None:
+        axis = _axis_suffix(panel, panels)
+        if color is None:
+            color = (COLORS[policies.index(policy) % len(COLORS)] if policy in policies
+                     else "#7f7f7f")
         x, y = _thin(list(x), list(y), max_points)
         trace = {"type": kind, "name": name, "x": x, "y": y,
                  "xaxis": f"x{axis}", "yaxis": f"y{axis}", "showlegend": legend,
@@ -120,12 +133,28 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         add("drops", f"{p} filtered", steps, _col(mine[p], "filtered_groups"), p, dash="dot")
         add("drops", f"{p} failed episodes", steps, _col(mine[p], "failed_episodes"), p,
             dash="dash")
-    return {"data": traces, "layout": _layout(title)}
+        # rows count truncated episodes since the last step; drawn as a running total like
+        # the other lines of the panel
+        add("drops", f"{p} truncated episodes", steps,
+            list(itertools.accumulate(r.get("truncated") or 0 for r in mine[p])), p,
+            dash="dashdot")
+
+    if evaluations is not None:
+        versions = [e["version"] for e in evaluations]
+        for i, role in enumerate(eval_roles):
+            color = COLORS[(len(policies) + i) % len(COLORS)]
+            for what, dash in (("avg", "solid"), ("pass", "dash")):
+                key = f"{role}/{what}@{eval_k}"
+                add("heldout", f"{role} {what}@{eval_k}", versions, _col(evaluations, key),
+                    dash=dash, color=color, legend=what == "avg")
+    return {"data": traces, "layout": _layout(title, panels)}
 
 
 def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequence[str],
-                steps: int, error: BaseException | None = None) -> str:
-    """One line: state, steps, each policy's version, time, last reward, worst staleness."""
+                steps: int, error: BaseException | None = None,
+                evaluation: Mapping[str, Any] | None = None) -> str:
+    """One line: state, steps, each policy's version, time, last reward, worst staleness, and
+    the last held-out evaluation window's scores when there is one."""
     done = len(rows)
     parts = [state, f"{done}/{steps * len(policies)} steps"]
     last = {r["policy"]: r for r in rows}
@@ -139,6 +168,10 @@ def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequenc
             parts.append("reward " + "/".join(rewards))
         parts.append(f"staleness max {max(r['staleness_max'] for r in rows)}")
         parts.append(f"{max(r['episodes'] for r in rows):,} episodes")
+    if evaluation is not None:
+        scores = [f"{k} {v:.2f}" for k, v in evaluation.items()
+                  if ("/avg@" in k or "/pass@" in k) and isinstance(v, float) and not math.isnan(v)]
+        parts.append(f"held-out v{evaluation['version']}: " + ", ".join(scores))
     if error is not None:
         parts.append(f"error: {type(error).__name__}: {error}")
     return " · ".join(parts)
@@ -148,13 +181,18 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
     """Draw a `figure()` dict with matplotlib (no pyplot state); returns PNG bytes."""
     from matplotlib.figure import Figure
 
-    rows = math.ceil(len(PANELS) / COLUMNS)
+    known = {key: (key, name, xlabel) for key, name, xlabel in (*PANELS, HELDOUT_PANEL)}
+    keys = spec.get("layout", {}).get("meta", {}).get("panels") or [k for k, _, _ in PANELS]
+    panels = [known[key] for key in keys]
+    rows = math.ceil(len(panels) / COLUMNS)
     fig = Figure(figsize=(16, 3.2 * rows + 0.4), layout="constrained")
-    grid = fig.subplots(rows, COLUMNS, squeeze=False).flat
+    grid = list(fig.subplots(rows, COLUMNS, squeeze=False).flat)
+    for ax in grid[len(panels):]:
+        ax.set_axis_off()  # the grid's empty cells
     title = spec.get("layout", {}).get("title", {}).get("text", "")
     if title:
         fig.suptitle(title, fontsize=10)
-    for ax, (key, name, xlabel) in zip(grid, PANELS, strict=False):  # more axes than panels
+    for ax, (key, name, xlabel) in zip(grid, panels, strict=False):  # more axes than panels
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -169,7 +207,8 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
             bars.setdefault(index, []).append(trace)
             continue
         line = trace.get("line", {})
-        style = {"solid": "-", "dot": ":", "dash": "--"}.get(line.get("dash", "solid"), "-")
+        style = {"solid": "-", "dot": ":", "dash": "--", "dashdot": "-."}.get(
+            line.get("dash", "solid"), "-")
         axes[index].plot(trace["x"], trace["y"], style, color=line.get("color"),
                          label=trace["name"] if trace.get("showlegend") else None, linewidth=1.2)
     for index, group in bars.items():  # side by side, one bar per policy
@@ -178,20 +217,22 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
             x = [v + (i - (len(group) - 1) / 2) * width for v in trace["x"]]
             axes[index].bar(x, trace["y"], width=width, color=trace["marker"]["color"],
                             label=trace["name"])
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=7)
+    legends = [axes[0]] + ([axes[len(PANELS)]] if len(panels) > len(PANELS) else [])
+    for ax in legends:  # the policies, and the held-out roles
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
-def _axis_suffix(panel: str) -> str:
-    index = [key for key, _, _ in PANELS].index(panel)
+def _axis_suffix(panel: str, panels: Sequence[tuple[str, str, str]] = PANELS) -> str:
+    index = [key for key, _, _ in panels].index(panel)
     return "" if index == 0 else str(index + 1)
 
 
-def _layout(title: str) -> dict[str, Any]:
-    rows = math.ceil(len(PANELS) / COLUMNS)
+def _layout(title: str, panels: Sequence[tuple[str, str, str]] = PANELS) -> dict[str, Any]:
+    rows = math.ceil(len(panels) / COLUMNS)
     gap_x, gap_y = 0.05, 0.16
     width = (1 - gap_x * (COLUMNS - 1)) / COLUMNS
     height = (1 - gap_y * (rows - 1)) / rows
@@ -203,8 +244,9 @@ def _layout(title: str) -> dict[str, Any]:
         "legend": {"orientation": "h", "y": 1.1, "x": 0, "xanchor": "left"},
         "barmode": "group",
         "annotations": [],
+        "meta": {"panels": [key for key, _, _ in panels]},  # which panels, for to_png
     }
-    for i, (key, name, xlabel) in enumerate(PANELS):
+    for i, (key, name, xlabel) in enumerate(panels):
         row, col = divmod(i, COLUMNS)
         x0 = col * (width + gap_x)
         y1 = 1 - row * (height + gap_y)
@@ -318,14 +360,21 @@ class View:
         self.run = run
 
     def figure(self) -> dict[str, Any]:
-        """The panels now, as a plotly figure dict."""
+        """The panels now, as a plotly figure dict (with the held-out panel when the run
+        evaluates)."""
         run = self.run
-        return figure(run.rows, run.policies, run.config.max_staleness, self.status())
+        heldout = run.heldout
+        if heldout is None:
+            return figure(run.rows, run.policies, run.config.max_staleness, self.status())
+        return figure(run.rows, run.policies, run.config.max_staleness, self.status(),
+                      evaluations=run.evaluation_rows, eval_roles=heldout.env.roles,
+                      eval_k=heldout.k)
 
     def status(self) -> str:
         run = self.run
+        windows = run.evaluation_rows if run.heldout is not None else []
         return status_line(run.status, run.rows, run.policies, run.config.steps,
-                           run.error)
+                           run.error, windows[-1] if windows else None)
 
     def png(self) -> bytes:
         """The panels now, drawn as a PNG."""

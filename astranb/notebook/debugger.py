@@ -21,8 +21,8 @@ buttons on it, `astranb.notebook.viewer` renders it as HTML.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,13 @@ class Step:
     """reward: reward per role."""
     note: str = ""
     """Why this step differs from the recording (rescore), or the rewards before the edit."""
+    extends: int = -1
+    """generate: the earlier turn whose prompt + completion this prompt starts with, token for
+    token (a conversation kept as sampled; trained as one sequence), or -1."""
+    new_prompt: str = ""
+    """generate: the prompt text after that turn's tokens (the observation), when it extends."""
+    mask: str = ""
+    """generate: the loss mask of the turn's tokens, in words."""
 
     @property
     def title(self) -> str:
@@ -399,7 +406,9 @@ def _build_steps(episode: Episode, tokenizers: Mapping[str, Any],
     for turn, record in enumerate(episode.turns):
         steps += [_tool_step(len(steps) + k, c)
                   for k, c in enumerate(c for c in tools if c["position"] == turn)]
-        steps.append(_generate_step(len(steps), turn, record, tokenizers.get(record["policy"])))
+        tokenizer = tokenizers.get(record["policy"])
+        step = _generate_step(len(steps), turn, record, tokenizer)
+        steps.append(_with_mask(step, record, episode.turns[:turn], tokenizer))
     late = [c for c in tools if c["position"] >= len(episode.turns)]
     steps += [_tool_step(len(steps) + k, c) for k, c in enumerate(late)]
     note = f"before the edit: {dict(before)}" if before is not None else ""
@@ -419,6 +428,29 @@ def _generate_step(index: int, turn: int, record: Mapping[str, Any], tokenizer) 
         finish_reason=record["finish_reason"], origin=record.get("origin", "sampled"),
         note=record.get("note", ""),
     )
+
+
+def _with_mask(step: Step, record: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]],
+               tokenizer) -> Step:
+    """Which earlier turn the prompt extends (the latest one whose tokens it starts with) and
+    what the loss mask is over the turn's tokens."""
+    prompt = list(record["prompt_ids"])
+    completion = len(record["completion_ids"])
+    extends, carried = -1, 0
+    for j in range(len(earlier) - 1, -1, -1):
+        before = list(earlier[j]["prompt_ids"]) + list(earlier[j]["completion_ids"])
+        if earlier[j]["policy"] == record["policy"] and prompt[: len(before)] == before:
+            extends, carried = j, len(before)
+            break
+    mask = f"prompt {len(prompt)} tokens: loss 0; completion {completion} tokens: loss 1"
+    new_prompt = ""
+    if extends >= 0:
+        mask = (f"prompt {len(prompt)} tokens = turn {extends}'s {carried} tokens as sampled + "
+                f"{len(prompt) - carried} new (loss 0); completion {completion} tokens: loss 1")
+        new = prompt[carried:]
+        new_prompt = (tokenizer.decode(new, skip_special_tokens=False) if tokenizer is not None
+                      else " ".join(f"#{t}" for t in new))
+    return replace(step, extends=extends, new_prompt=new_prompt, mask=mask)
 
 
 def _tool_step(index: int, call: Mapping[str, Any]) -> Step:
@@ -444,7 +476,13 @@ def _render_generate(step: Step) -> str:
             f"({how}, versions {versions or '?'})")
     tokens = " ".join(f"{t!r}({_lp(lp)}, v{v if v is not None else '?'})"
                       for t, lp, v in zip(step.tokens, step.logprobs, step.versions, strict=True))
-    lines = [head, f"    prompt:     {step.prompt!r}", f"    completion: {step.completion!r}"]
+    if step.extends >= 0:
+        prompt = f"    prompt:     turn {step.extends}'s tokens + {step.new_prompt!r}"
+    else:
+        prompt = f"    prompt:     {step.prompt!r}"
+    lines = [head, prompt, f"    completion: {step.completion!r}"]
+    if step.mask:
+        lines.append(f"    loss mask:  {step.mask}")
     if tokens:
         lines.append(f"    tokens:     {tokens}")
     if step.note:

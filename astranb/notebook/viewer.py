@@ -139,7 +139,15 @@ def _generate(step: Step) -> str:
                      in zip(step.tokens, step.token_ids, step.logprobs, step.versions, strict=True))
     if not tokens:  # an edit without a tokenizer: text only
         tokens = f'<span class="tok unknown" title="tokens unknown">{_e(step.completion)}</span>'
-    return (f'<div class="label">prompt</div><pre>{_e(step.prompt)}</pre>'
+    if step.extends >= 0:
+        prompt = (f'<div class="label">prompt: turn {step.extends}\'s tokens as sampled, then '
+                  f'(new)</div><pre>{_e(step.new_prompt)}</pre>'
+                  f'<details><summary>whole prompt</summary><pre>{_e(step.prompt)}</pre>'
+                  f'</details>')
+    else:
+        prompt = f'<div class="label">prompt</div><pre>{_e(step.prompt)}</pre>'
+    mask = f'<div class="label">loss mask: {_e(step.mask)}</div>' if step.mask else ""
+    return (f'{prompt}{mask}'
             f'<div class="label">completion ({_e(step.finish_reason)}); shade: the redder, the '
             f'less likely the token was; hover a token for its logprob and version</div>'
             f'<pre class="tokens">{tokens}</pre>'

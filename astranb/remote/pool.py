@@ -10,7 +10,9 @@ synced to the current version, environments registered; only then does it get wo
 
 Episodes are identified by id. The first result for an id wins; any later one (a resubmitted
 episode whose first copy still arrived) is acknowledged and discarded, so no episode is trained
-twice and, since nothing leaves the accounting before its result is in, none is lost. `accounting()`
+twice and, since nothing leaves the accounting before its result is in, none is lost. A result
+of an episode nobody waits for any more (abandoned when the training rollouts stopped, while a
+held-out evaluation window still plays) is acknowledged and counted as `late`. `accounting()`
 reports the totals.
 
 Weights: after a train step the policy's `ServicesPublisher` brings every ready member to the new
@@ -100,6 +102,7 @@ class RolloutPool:
         self._queue: deque[dict] = deque()
         self._queued = anyio.Event()
         self._waiting: dict[str, _Waiter] = {}
+        self._abandoned: set[str] = set()
         self._envs: dict[int, tuple[Environment, dict[str, str], dict]] = {}
         self._weights_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -119,8 +122,10 @@ class RolloutPool:
         ignored (acknowledged so the service forgets them)."""
         self.tag = uuid.uuid4().hex[:8]
         self._queue.clear()
+        self._abandoned.clear()
         self.counts = dict.fromkeys(("submitted", "completed", "resubmitted", "duplicates",
-                                     "abandoned", "stale_results", "failovers", "rejoins"), 0)
+                                     "abandoned", "late", "stale_results", "failovers",
+                                     "rejoins"), 0)
 
     # -- membership --------------------------------------------------------------------------------
     def _new_member(self, url: str) -> Member:
@@ -264,6 +269,12 @@ class RolloutPool:
             self.counts["stale_results"] += 1  # from an earlier run
             return
         waiter = self._waiting.get(result["id"])
+        if waiter is None and result["id"] in self._abandoned:
+            # nobody waits any more (the training rollouts stopped while a held-out evaluation
+            # window still plays on): acknowledged and dropped, not a duplicate
+            self._abandoned.discard(result["id"])
+            self.counts["late"] += 1
+            return
         if waiter is None or waiter.result is not None:
             self.counts["duplicates"] += 1
             return
@@ -347,6 +358,7 @@ class RolloutPool:
                 left = self._waiting.pop(episode_id, None)
                 if left is not None and left.result is None:
                     self.counts["abandoned"] += 1  # the run ended (or was stopped) first
+                    self._abandoned.add(episode_id)
         results = []
         for waiter in waiters:
             assert waiter.result is not None  # its event is set only once the result is in

@@ -121,6 +121,7 @@ def trajectory_from_wire(d: Mapping[str, Any]) -> Trajectory:
 # -- models ---------------------------------------------------------------------------------------
 
 def spec_to_wire(spec: ModelSpec) -> dict[str, Any]:
+    """A ModelSpec as plain values (every kind: tiny, tiny_chat, local, hf)."""
     return dataclasses.asdict(spec)
 
 
@@ -128,13 +129,24 @@ MAX_TINY_PARAMETERS = 2_000_000_000
 
 
 def spec_from_wire(d: Mapping[str, Any]) -> ModelSpec:
-    """A ModelSpec from its wire form; a path-less (tiny) spec over 2B parameters is refused
-    (a service must not be talked into allocating more than its host holds)."""
-    spec = ModelSpec(name=str(d["name"]), path=d.get("path"), config=dict(d.get("config") or {}),
-                     seed=int(d.get("seed", 0)))
-    if spec.path is None:
+    """A ModelSpec from its wire form; ValueError naming what is wrong.
+
+    A body without "kind" (from an older client) is a local directory when it has a path and a
+    tiny model otherwise. A tiny or tiny_chat spec over 2B parameters is refused (a service must
+    not be talked into allocating more than its host holds).
+    """
+    try:
+        spec = ModelSpec(
+            name=str(d["name"]), path=_optional_str(d, "path"),
+            config=dict(d.get("config") or {}), seed=int(d.get("seed", 0)),
+            kind=str(d.get("kind") or ""), repo=_optional_str(d, "repo"),
+            revision=_optional_str(d, "revision"), dtype=_optional_str(d, "dtype"),
+        )
+    except KeyError as error:
+        raise ValueError(f"model spec lacks {error}; send at least a name") from None
+    if spec.kind in ("tiny", "tiny_chat"):
         try:
-            size = tiny_parameters(spec.config)
+            size = tiny_parameters(spec.config, spec.kind)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"tiny model config {spec.config} is not usable: {error!r}") from None
         if size > MAX_TINY_PARAMETERS:
@@ -142,6 +154,13 @@ def spec_from_wire(d: Mapping[str, Any]) -> ModelSpec:
                              f"builds ({MAX_TINY_PARAMETERS:,}); use a local model directory "
                              "instead")
     return spec
+
+
+def _optional_str(d: Mapping[str, Any], key: str) -> str | None:
+    value = d.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"model spec field {key!r} must be a string or null, got {value!r}")
+    return value
 
 
 # -- batches --------------------------------------------------------------------------------------

@@ -89,6 +89,10 @@ class ModelIn(BaseModel):
     config: dict[str, Small | float | Annotated[str, Field(max_length=200)] | bool | None] = Field(
         default={}, max_length=64)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    kind: str = Field(default="", pattern=r"^(tiny|tiny_chat|local|hf)?$")
+    repo: str | None = Field(default=None, min_length=1, max_length=300)
+    revision: str | None = Field(default=None, min_length=1, max_length=200)
+    dtype: str | None = Field(default=None, min_length=1, max_length=40)
 
 
 class PolicyIn(BaseModel):
@@ -230,7 +234,7 @@ class RolloutService:
             return engine, engine.tokenizer
         from ..engines import HFEngine
 
-        hf = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device),
+        hf = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device, spec),
                       max_batch_size=body.max_batch_size, seed=body.seed, name=body.name)
         return hf.start(), hf.tokenizer
 

@@ -71,7 +71,7 @@ class LocalBackend:
     def create(self, name, spec, algorithm, optimizer, micro_batch_size=64) -> int:
         self.trainers[name] = LocalTrainer(spec, algorithm, optimizer,
                                            micro_batch_size=micro_batch_size,
-                                           device=self.device, dtype=dtype_for(self.device))
+                                           device=self.device, dtype=dtype_for(self.device, spec))
         return 0
 
     def step(self, name, batch):

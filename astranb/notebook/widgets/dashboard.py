@@ -93,7 +93,7 @@ class LiveDashboard(View):
 
     # -- internals ------------------------------------------------------------------------------
     def _on_event(self, kind: str, payload: Any) -> None:
-        if kind == "metrics":
+        if kind in ("metrics", "evaluation"):  # a step row, or a held-out window
             self._throttle.poke()
 
     def _redraw(self) -> None:
