@@ -39,7 +39,8 @@ def test_main_signatures():
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",
         "eval_every", "eval_n", "eval_k", "eval_split", "eval_env"]
     assert params(ab.Session.evaluate) == ["self", "env", "split", "n", "k", "seed"]
-    assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "seed", "progress"]
+    assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "lr", "seed",
+                                     "progress"]
     assert params(ab.models.hf) == ["name_or_path", "revision", "dtype"]
     assert params(ab.EpisodeContext.chat) == ["self", "role", "messages", "tools", "sampling"]
     assert params(ab.EpisodeContext.run_tools) == ["self", "messages", "message", "tools"]
