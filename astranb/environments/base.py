@@ -25,6 +25,7 @@ fails that episode only; the run records it and goes on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -147,7 +148,7 @@ class EpisodeContext:
         """
         policy = self._policy(role)
         if isinstance(prompt, str):
-            prompt_ids = tuple(policy.tokenizer.encode(prompt))
+            prompt_ids = _encode(policy.tokenizer, prompt)
         else:
             prompt_ids = tuple(int(t) for t in prompt)
         return await self._sample(role, policy, prompt_ids, sampling)
@@ -333,6 +334,13 @@ class EpisodeContext:
         if eos is not None and eos not in stop:
             stop = (*stop, eos)
         return dataclasses.replace(params, stop_token_ids=stop)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _encode(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """Token ids of a text prompt. Episodes of one group (and of many groups) share prompts, so
+    each distinct (tokenizer, text) is tokenized once; tokenizers hash by identity."""
+    return tuple(int(t) for t in tokenizer.encode(text))
 
 
 def context_length(policy: PolicyHandle) -> int | None:
