@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup browser quickstart agents test test-fast lint lab bench clean
+.PHONY: setup browser quickstart agents test test-fast lint lab bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -75,6 +75,13 @@ bench: setup
 	$(BIN)/python bench/multipolicy.py
 	$(BIN)/python bench/multipolicy_sim.py
 	$(BIN)/python bench/dashboard.py
+
+# The prepared GPU check (bench/gpu_check.py): one NVIDIA GPU, no network, within 8 minutes; the
+# JSON report lands in results/gpu_check.json (or $GPU_CHECK_OUT) and is printed. No `setup`
+# prerequisite: a GPU host without network cannot install, so this runs .venv's python when there
+# is one, else python3 with the host's CUDA torch (GPU_CHECK_PYTHON=... picks another).
+gpu-check:
+	bench/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) results runs .pytest_cache
