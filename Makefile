@@ -75,6 +75,8 @@ bench: setup
 	$(BIN)/python bench/multipolicy.py
 	$(BIN)/python bench/multipolicy_sim.py
 	$(BIN)/python bench/dashboard.py
+	@# astranb beside TRL's GRPOTrainer; TRL lives in bench/.venv-trl, made on first use
+	TORCH_INDEX=$(TORCH_INDEX) $(BIN)/python bench/vs_trl.py
 
 # The prepared GPU check (bench/gpu_check.py): one NVIDIA GPU, no network, within 8 minutes; the
 # JSON report lands in results/gpu_check.json (or $GPU_CHECK_OUT) and is printed. No `setup`
