@@ -486,12 +486,6 @@ class Session:
             raise RuntimeError("a run is still going; await it or call run.stop() first")
         return list(self._wiring)
 
-    def _wiring_of(self, env: Environment) -> dict[str, Policy]:
-        for e, w, _ in self._wiring:
-            if e is env:
-                return w
-        raise ValueError(f"{env.name} is not wired to this session; call session.wire first")
-
     def _run_on_loop(self, fn):
         return self._loop().call(fn)
 

@@ -90,9 +90,9 @@ class Conversations:
         tools = repr(schemas)
         state = self.states.get(id(messages))
         if state is not None and state.messages is messages and state.tools == tools:
-            before = tokenizer.decode(list(state.ids), skip_special_tokens=False)
-            if text.startswith(before):
-                return state.ids + encode(tokenizer, text[len(before):])
+            extended = extend(tokenizer, state.ids, text)
+            if extended is not None:
+                return extended
             self.fallbacks += 1
         return encode(tokenizer, text)
 
@@ -115,6 +115,16 @@ def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     text = tokenizer.apply_chat_template(
         list(messages), tools=list(schemas) or None, add_generation_prompt=True, tokenize=False)
     return str(text)
+
+
+def extend(tokenizer: Any, ids: Sequence[int], text: str) -> tuple[int, ...] | None:
+    """`ids` plus the tokens of the part of `text` after what `ids` decode to (the kept tokens are
+    never tokenized again); None when `text` does not start with them (the template rewrote the
+    history)."""
+    before = tokenizer.decode(list(ids), skip_special_tokens=False)
+    if not text.startswith(before):
+        return None
+    return tuple(ids) + encode(tokenizer, text[len(before):])
 
 
 def encode(tokenizer: Any, text: str) -> tuple[int, ...]:

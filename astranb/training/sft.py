@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..environments.conversation import encode, schemas_of
+from ..environments.conversation import encode, extend, render, schemas_of
 from ..types import Batch
 
 __all__ = ["sft_rows", "sft_batches", "Demonstration"]
@@ -79,8 +79,6 @@ def _pair(tokenizer: Any, pair: tuple[str, str]) -> tuple[list[int], list[int]]:
 def _conversation(tokenizer: Any, messages: list[Mapping[str, Any]],
                   tools: Sequence[Callable[..., Any] | Mapping[str, Any]]
                   ) -> list[tuple[list[int], list[int]]]:
-    from ..environments.conversation import render
-
     schemas = [t if isinstance(t, Mapping) else schemas_of([t])[0] for t in tools]
     assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not assistant:
@@ -90,9 +88,9 @@ def _conversation(tokenizer: Any, messages: list[Mapping[str, Any]],
     mask: list[int] = []
     for i in assistant:
         prompt = render(tokenizer, messages[:i], schemas)
-        before = tokenizer.decode(ids, skip_special_tokens=False) if ids else None
-        if before is not None and prompt.startswith(before):
-            delta = list(encode(tokenizer, prompt[len(before):]))
+        extended = extend(tokenizer, ids, prompt) if ids else None
+        if extended is not None:
+            delta = list(extended[len(ids):])
         else:  # first turn, or a template that rewrote the history: a new row
             if ids:
                 rows.append((ids, mask))
