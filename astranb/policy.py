@@ -120,22 +120,16 @@ class Policy:
         batches = sft_batches(self.tokenizer, list(examples), batch_size, seed,
                               0 if pad is None else int(pad))
         history: list[dict[str, float]] = []
-        groups = self.trainer.optimizer.param_groups if lr is not None else []  # type: ignore[attr-defined]
-        saved = [group["lr"] for group in groups]
-        for group in groups:
-            group["lr"] = lr
         threads = torch.get_num_threads()
         torch.set_num_threads(max(threads, os.cpu_count() or 1))  # nothing else runs meanwhile
         try:
             for i in range(steps):
-                history.append(step(next(batches)))
+                history.append(step(next(batches), lr=lr))
                 if progress and (i + 1) % max(1, steps // 10) == 0:
                     print(f"sft {self.name}: step {i + 1}/{steps}, "
                           f"loss {history[-1]['loss']:.4f}")
         finally:
             torch.set_num_threads(threads)
-            for group, value in zip(groups, saved, strict=True):
-                group["lr"] = value
         if self.run_on_loop is None:
             raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing can "
                                "publish its weights")

@@ -50,6 +50,7 @@ from .recorder import Recorder
 from .remote.client import TrainerClient
 from .remote.pool import RolloutPool, ServicesPublisher
 from .remote.serialize import spec_to_wire
+from .remote.process import ProcessPublisher, ProcessTrainer
 from .remote.trainer import RemoteTrainer
 from .run import Run
 from .training.local import AdamWConfig, LocalTrainer
@@ -73,7 +74,11 @@ class Session:
             and the trainer run side by side), at least 1.
         rollout: URLs of rollout services (`astranb serve rollout`); episodes are played there
             instead of in this process. Services can be added and removed while a run goes on.
-        trainer: URL of a trainer service (`astranb serve trainer`); policies train there.
+        trainer: where policies train. None or "thread": in this process, in a worker thread.
+            "process": each policy's trainer in its own child process (`remote.process`), so
+            training and rollouts never wait on each other for Python's interpreter lock: on a
+            CPU with small models this is what lets rollouts and training overlap. A URL: a
+            trainer service (`astranb serve trainer`), with rollout services.
         token: bearer token of the services (default: $ASTRANB_TOKEN).
         failure_timeout: seconds a rollout service may stay silent before its in-flight
             episodes are resubmitted to the others.
@@ -107,7 +112,13 @@ class Session:
         self._pool = RolloutPool(urls, token, self.policies, failure_timeout=failure_timeout,
                                  transport=transport) if urls else None
         self._trainer = None
-        if trainer is not None:
+        if trainer not in (None, "thread", "process") and not str(trainer).startswith(
+                ("http://", "https://")):
+            raise ValueError(f"trainer={trainer!r}: use 'thread' (the default), 'process', or the "
+                             "URL of a trainer service (http://host:port)")
+        self._train_in = "process" if trainer == "process" else "thread"
+        self._threads = threads
+        if trainer is not None and self._train_in == "thread" and trainer != "thread":
             if self._pool is None:
                 raise ValueError("a trainer service needs rollout services too: pass "
                                  "rollout=[url, ...] (`astranb serve rollout` on the GPU hosts)")
@@ -167,9 +178,22 @@ class Session:
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
         self._stack.callback(eng.close)
-        trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
-        publisher = (EnginePublisher(eng, WeightStore(name, full_every=full_every))
-                     if weight_transfer == "delta" else StatePublisher(eng))
+        trainer: LocalTrainer | ProcessTrainer
+        publisher: EnginePublisher | StatePublisher | ProcessPublisher
+        if self._train_in == "process":
+            if weight_transfer != "delta":
+                raise ValueError("weight_transfer='state' copies tensors inside one process; a "
+                                 "trainer in a child process (trainer='process') publishes "
+                                 "payloads: leave weight_transfer out")
+            trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
+                                     device=self.device, dtype=dtype, full_every=full_every,
+                                     log=self.directory / f"trainer-{name}.log")
+            self._stack.callback(trainer.close)
+            publisher = ProcessPublisher(eng, trainer)
+        else:
+            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
+            publisher = (EnginePublisher(eng, WeightStore(name, full_every=full_every))
+                         if weight_transfer == "delta" else StatePublisher(eng))
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
                         max_batch_size=max_batch_size, seed=seed)

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -111,6 +112,7 @@ class HFEngine:
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._steps = self._tokens = 0
+        self._outbox = _Outbox()  # worker thread only
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -157,19 +159,32 @@ class HFEngine:
 
     def submit(self, request: GenerationRequest) -> Future:
         """Queue a request (thread-safe). Returns a Future resolving to its Generation."""
-        self._check_request(request)
         future: Future = Future()
         future.add_done_callback(self._on_done)
+        self._enqueue(request, future)
+        return future
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Generate one completion; cancelling the awaiting task drops the request.
+
+        Awaited on an event loop, the request is answered through that loop directly: the worker
+        hands every request finished in one decode step to the loop in a single callback
+        (`_Outbox`), instead of a thread-safe Future and a loop wake-up per request.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        future.add_done_callback(self._on_done)
+        self._enqueue(request, _LoopFuture(future, self._outbox))
+        return await future
+
+    def _enqueue(self, request: GenerationRequest, future: Any) -> None:
+        self._check_request(request)
         with self._cv:
             self._check_open()
             self._queue.append(Row(request, future, list(request.prompt_ids)))
             self._cv.notify_all()
-        self.start()
-        return future
-
-    async def generate(self, request: GenerationRequest) -> Generation:
-        """Generate one completion; cancelling the awaiting task drops the request."""
-        return await asyncio.wrap_future(self.submit(request))
+        if self._thread is None:
+            self.start()
 
     def generate_many(self, requests: Iterable[GenerationRequest]) -> list[Generation]:
         """Submit every request, wait for all (blocking convenience for scripts and benchmarks)."""
@@ -266,8 +281,9 @@ class HFEngine:
     def _live(self) -> tuple[Row, ...]:
         return self._batch.rows if self._batch is not None else ()
 
-    def _on_done(self, future: Future) -> None:
-        # Runs on whichever thread cancelled the future: wake the worker so it frees the slot.
+    def _on_done(self, future: Future | asyncio.Future) -> None:
+        # Runs on whichever thread cancelled the future (or on its event loop): wake the worker
+        # so it frees the slot.
         if future.cancelled():
             with self._cv:
                 self._prune = True
@@ -281,6 +297,7 @@ class HFEngine:
                 self._batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed)
                 while self._wait_for_work():
                     self._tick()
+                    self._outbox.flush()
         except BaseException as exc:  # the loop died: nobody may be left waiting
             self._shutdown(exc, died=True)
             return
@@ -483,6 +500,62 @@ class HFEngine:
             self._cv.notify_all()
         for future in pending:
             settle(future, exc=exc)
+        self._outbox.flush()
+
+
+class _Outbox:
+    """Answers for requests awaited on event loops, handed over once per decode step.
+
+    Worker thread only: `post` collects (future, result, error) per loop; `flush` schedules one
+    callback per loop that resolves them all on that loop's thread.
+    """
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple]] = {}
+
+    def post(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any,
+             exc: BaseException | None) -> None:
+        self._by_loop.setdefault(loop, []).append((future, result, exc))
+
+    def flush(self) -> None:
+        if not self._by_loop:
+            return
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, answers in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, answers)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+
+def _resolve(answers: list[tuple]) -> None:
+    """On the loop's thread: resolve each future unless its task was cancelled meanwhile."""
+    for future, result, exc in answers:
+        if future.done():
+            continue
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
+class _LoopFuture:
+    """Worker-side handle of a request awaited on an event loop: the `Future` methods the worker
+    uses (`cancelled`, `set_result`, `set_exception`), answered through an `_Outbox`."""
+
+    __slots__ = ("future", "loop", "outbox")
+
+    def __init__(self, future: asyncio.Future, outbox: _Outbox) -> None:
+        self.future, self.loop, self.outbox = future, future.get_loop(), outbox
+
+    def cancelled(self) -> bool:
+        return self.future.cancelled()
+
+    def set_result(self, result: Any) -> None:
+        self.outbox.post(self.loop, self.future, result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.outbox.post(self.loop, self.future, None, exc)
 
 
 def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):

@@ -324,16 +324,41 @@ class EpisodeContext:
             ) from None
 
     def _sampling(self, policy: PolicyHandle, overrides: Mapping[str, Any]) -> SamplingParams:
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(known)}")
-        params = dataclasses.replace(self.env.sampling, **overrides)
-        stop = tuple(params.stop_token_ids)
-        eos = policy.tokenizer.eos_token_id
-        if eos is not None and eos not in stop:
-            stop = (*stop, eos)
-        return dataclasses.replace(params, stop_token_ids=stop)
+        try:
+            eos = _eos_id(policy.tokenizer)
+        except TypeError:  # an unhashable tokenizer: read it every time
+            eos = policy.tokenizer.eos_token_id
+        try:
+            return _sampling_params(self.env.sampling, tuple(sorted(overrides.items())), eos)
+        except TypeError as error:
+            if "unhashable" not in str(error):
+                raise
+        return _sampling_params.__wrapped__(self.env.sampling, tuple(overrides.items()), eos)
+
+
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampling_params(base: SamplingParams, overrides: tuple[tuple[str, Any], ...],
+                     eos: int | None) -> SamplingParams:
+    """The environment's defaults with a call's overrides, stopping at EOS. Cached: every episode
+    of a run asks for the same few combinations (unhashable overrides skip the cache)."""
+    unknown = {name for name, _ in overrides} - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(
+            f"unknown sampling option(s) {sorted(unknown)}; use {sorted(_SAMPLING_FIELDS)}")
+    params = dataclasses.replace(base, **dict(overrides))
+    stop = tuple(params.stop_token_ids)
+    if eos is not None and eos not in stop:
+        stop = (*stop, eos)
+    return dataclasses.replace(params, stop_token_ids=stop)
+
+
+@functools.lru_cache(maxsize=256)
+def _eos_id(tokenizer: Any) -> int | None:
+    """The tokenizer's EOS id (a slow attribute on Hugging Face tokenizers; read once each)."""
+    return tokenizer.eos_token_id
 
 
 @functools.lru_cache(maxsize=65_536)

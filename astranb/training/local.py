@@ -110,6 +110,16 @@ def _nucleus(logits_B_T_V: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
     return logits_B_T_V.masked_fill(~kept_N_V.reshape(B, T, V), float("-inf"))
 
 
+LOGITS_BUDGET = 1 << 24
+"""Logit elements one forward/backward may hold when LocalTrainer chooses its micro-batches
+(16M: 64 MB in fp32, a few times that with log-softmax and gradients)."""
+
+
+def rows_per_pass(tokens: int, vocab_size: int, budget: int = LOGITS_BUDGET) -> int:
+    """Rows of `tokens` tokens whose logits over `vocab_size` fit `budget` elements (at least 1)."""
+    return max(1, budget // max(tokens * vocab_size, 1))
+
+
 def micro_batches(start: int, stop: int, size: int) -> list[slice]:
     """Row slices of at most `size` rows covering [start, stop)."""
     return [slice(i, min(i + size, stop)) for i in range(start, stop, size)]
@@ -176,7 +186,9 @@ class LocalTrainer:
         spec: the model recipe (the same one the rollout engine was built from).
         algorithm: advantage and loss rule.
         optimizer: AdamW settings.
-        micro_batch_size: rows per forward/backward (memory, not maths: the result is the same).
+        micro_batch_size: rows per forward/backward (memory, not maths: the result is the same);
+            None: as many rows as keep one pass's logits under `LOGITS_BUDGET` elements, so a
+            small model trains a whole batch in one forward and one backward.
         device: torch device.
         dtype: parameter dtype (fp32 on CPU; bf16 on GPU).
     """
@@ -187,7 +199,7 @@ class LocalTrainer:
         algorithm: Algorithm,
         optimizer: AdamWConfig = AdamWConfig(),
         *,
-        micro_batch_size: int = 64,
+        micro_batch_size: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ):
@@ -204,34 +216,52 @@ class LocalTrainer:
             weight_decay=optimizer.weight_decay,
         )
         self.version = 0
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or 1)
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1."""
         batch = _to(batch, self.device)
         num_tokens = max(batch.num_tokens, 1)
         self.optimizer.zero_grad(set_to_none=True)
-        rows = micro_batches(0, batch.size, self.micro_batch_size)
+        rows = micro_batches(0, batch.size, self._rows_per_pass(batch))
         totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens)
         totals["grad_norm"] = clip_and_step(self.model, self.optimizer, self.optimizer_config)
         totals["tokens"] = float(batch.num_tokens)
         self.version += 1
         return totals
 
-    def sft_step(self, batch: Batch) -> dict[str, float]:
+    def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
         """One supervised step: token-mean negative log-likelihood of the tokens whose loss_mask
-        is 1 (see training/sft.py). Version += 1, like an RL step: the weights changed."""
+        is 1 (see training/sft.py). Version += 1, like an RL step: the weights changed.
+
+        Args:
+            lr: learning rate of this step only (default: the optimizer's).
+        """
         batch = _to(batch, self.device)
         num_tokens = max(batch.num_tokens, 1)
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for part in micro_batches(0, batch.size, self.micro_batch_size):
+        for part in micro_batches(0, batch.size, self._rows_per_pass(batch)):
             logp, _ = token_logprobs(self.model, batch, part)
             loss = -token_mean(logp, batch.loss_mask_B_T[part], num_tokens)
             loss.backward()
             total += float(loss.detach())
-        grad_norm = clip_and_step(self.model, self.optimizer, self.optimizer_config)
+        groups = self.optimizer.param_groups if lr is not None else []
+        saved = [group["lr"] for group in groups]
+        for group in groups:
+            group["lr"] = lr
+        try:
+            grad_norm = clip_and_step(self.model, self.optimizer, self.optimizer_config)
+        finally:
+            for group, value in zip(groups, saved, strict=True):
+                group["lr"] = value
         self.version += 1
         return {"loss": total, "grad_norm": grad_norm, "tokens": float(batch.num_tokens)}
+
+    def _rows_per_pass(self, batch: Batch) -> int:
+        if self.micro_batch_size is not None:
+            return self.micro_batch_size
+        return rows_per_pass(batch.input_ids_B_T.shape[1], self.vocab_size)
 
     @torch.no_grad()
     def weights(self) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -513,8 +514,14 @@ def dtype_named(name: str) -> torch.dtype:
     return dtype
 
 
+_contexts = threading.local()  # zstd contexts are costly to make and not shareable by threads
+
+
 def _zstd(data: bytes) -> bytes:
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
+    compressor = getattr(_contexts, "compressor", None)
+    if compressor is None:
+        compressor = _contexts.compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+    return compressor.compress(data)
 
 
 def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
@@ -526,7 +533,10 @@ def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
             raise CorruptPayload(
                 f"compressed section claims {claimed} bytes, at most {limit} expected"
             )
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        decompressor = getattr(_contexts, "decompressor", None)
+        if decompressor is None:
+            decompressor = _contexts.decompressor = zstandard.ZstdDecompressor()
+        return decompressor.decompress(data, max_output_size=limit)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"compressed section does not decompress: {error}") from error
 

@@ -1,0 +1,369 @@
+"""A policy's trainer in a child process, so training and rollouts really run at the same time.
+
+In one process the engine thread, the event loop and the trainer thread share one interpreter
+lock. With a small model every torch call is short, so the trainer keeps handing the lock over and
+waiting to get it back: on 2 cores a train step took 3x longer beside running rollouts than alone,
+and asynchrony bought almost nothing. Here the trainer (`LocalTrainer`) and its weight store live
+in a child process with their own interpreter and torch threads; the notebook's process keeps the
+engine and the episodes.
+
+    notebook process                                  child: python -m astranb.remote._trainer_child
+    ────────────────                                  ──────────────────────────────────────
+    TrainLoop ── step(batch) ──► ProcessTrainer ═pipe═► LocalTrainer.step
+    ProcessPublisher ── pull(have version, checksum) ═► WeightStore.publish + pull (delta/full)
+        └─► engine.update_weights(payload)   (the same payloads, checks and healing as in-process)
+
+The wire is the child's stdin/stdout: each message is a frame
+
+    u32 header length | u64 body length | header (JSON) | body (bytes: safetensors or a payload)
+
+No pickle: batches travel as safetensors (`remote.serialize.batch_to_bytes`), weights as the
+codec's hash-checked payloads. The child writes its log (and anything a library prints) to a file
+whose tail is shown if it dies. Calls are serialised by a lock; each blocks its calling thread,
+never the event loop (the train loop calls from a worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from ..algorithms.config import Algorithm, algorithm_from_dict, algorithm_to_dict
+from ..errors import AstranbError
+from ..models import ModelSpec
+from ..types import Batch, WeightUpdate
+from ..weights.publish import deliver
+from .serialize import batch_from_bytes, batch_to_bytes, spec_from_wire, spec_to_wire
+
+__all__ = ["ProcessTrainer", "ProcessPublisher", "TrainerProcessError"]
+
+_FRAME = struct.Struct("<IQ")
+
+
+class TrainerProcessError(AstranbError, RuntimeError):
+    """The trainer's child process failed a call or died."""
+
+
+# -- framing --------------------------------------------------------------------------------------
+
+def _write(stream: IO[bytes], header: Mapping[str, Any], body: bytes = b"") -> None:
+    head = json.dumps(header).encode()
+    stream.write(_FRAME.pack(len(head), len(body)))
+    stream.write(head)
+    if body:
+        stream.write(body)
+    stream.flush()
+
+
+def _read(stream: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame, or None at end of stream."""
+    prefix = _exactly(stream, _FRAME.size)
+    if prefix is None:
+        return None
+    head_len, body_len = _FRAME.unpack(prefix)
+    head = _exactly(stream, head_len)
+    body = _exactly(stream, body_len)
+    if head is None or body is None:
+        return None
+    return json.loads(head), body
+
+
+def _exactly(stream: IO[bytes], n: int) -> bytes | None:
+    """n bytes from the stream (a pipe may hand them over in pieces), or None at its end."""
+    if n == 0:
+        return b""
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
+        chunk = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not chunk:
+            return None
+        got += chunk
+    return bytes(buffer)
+
+
+# -- the notebook side ----------------------------------------------------------------------------
+
+class ProcessTrainer:
+    """Trains one policy in a child process (the `Trainer` contract, plus `pull` for publishing).
+
+    Args:
+        name: policy name.
+        spec: the model recipe (the child builds the model from it).
+        algorithm, optimizer: as for LocalTrainer.
+        threads: torch threads of the child.
+        device, dtype: where and in what the child trains.
+        full_every: versions between forced full snapshots of the child's weight store.
+        log: file the child's output goes to.
+    """
+
+    def __init__(self, name: str, spec: ModelSpec, algorithm: Algorithm, optimizer: Any, *,
+                 threads: int = 1, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 full_every: int = 10, log: str | os.PathLike | None = None):
+        import dataclasses
+
+        self.name = name
+        self.log = Path(log) if log is not None else None
+        self._lock = threading.Lock()
+        self._closed = False
+        out: Any = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL  # noqa: SIM115
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "astranb.remote._trainer_child"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=out, env=env, bufsize=0)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        header = {"op": "create", "name": name, "spec": spec_to_wire(spec),
+                  "algorithm": algorithm_to_dict(algorithm),
+                  "optimizer": dataclasses.asdict(optimizer), "threads": threads,
+                  "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                  "full_every": full_every}
+        answer, _ = self._call(header)
+        self.version: int = int(answer["version"])
+        self.checksum: int | None = answer["checksum"]
+
+    # -- Trainer ----------------------------------------------------------------------------------
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on `batch` in the child; its metrics (plus `trainer_seconds`)."""
+        start = time.perf_counter()
+        answer, _ = self._call({"op": "step"}, batch_to_bytes(batch))
+        self.version = int(answer["version"])
+        metrics = dict(answer["metrics"])
+        metrics["trainer_seconds"] = answer["seconds"]
+        metrics["trainer_call_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
+        """One supervised step in the child (see LocalTrainer.sft_step)."""
+        answer, _ = self._call({"op": "sft_step", "lr": lr}, batch_to_bytes(batch))
+        self.version = int(answer["version"])
+        return dict(answer["metrics"])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The child's current weights (full precision), by parameter name."""
+        _, body = self._call({"op": "weights"})
+        return dict(st_load(body))
+
+    def pull(self, have_version: int | None, have_checksum: int | None,
+             full: bool = False) -> tuple[bytes, dict[str, Any]]:
+        """The payload that brings a receiver holding (version, checksum) to the child's current
+        weights (published into its store first), and the publish stats."""
+        header = {"op": "pull", "have_version": have_version, "have_checksum": have_checksum,
+                  "full": full}
+        answer, body = self._call(header)
+        self.checksum = answer["checksum"]
+        return body, answer["stats"]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write weights, optimizer state and version (LocalTrainer's format)."""
+        self._call({"op": "save", "directory": str(Path(directory).resolve())})
+        return Path(directory)
+
+    def load(self, directory: str | os.PathLike) -> None:
+        """Restore what `save` wrote."""
+        answer, _ = self._call({"op": "load", "directory": str(Path(directory).resolve())})
+        self.version = int(answer["version"])
+
+    def close(self) -> None:
+        """Stop the child (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                assert self._proc.stdin is not None
+                _write(self._proc.stdin, {"op": "close"})
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _call(self, header: Mapping[str, Any], body: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        with self._lock:
+            if self._closed:
+                raise TrainerProcessError(f"the trainer process of {self.name!r} is closed")
+            stdin, stdout = self._proc.stdin, self._proc.stdout
+            assert stdin is not None and stdout is not None
+            try:
+                _write(stdin, header, body)
+                reply = _read(stdout)
+            except (BrokenPipeError, OSError):
+                reply = None
+            if reply is None:
+                raise self._died(str(header.get("op")))
+        answer, payload = reply
+        if not answer.get("ok"):
+            raise TrainerProcessError(
+                f"the trainer process of {self.name!r} failed {header.get('op')!r}:\n"
+                f"{answer.get('error')}")
+        return answer, payload
+
+    def _died(self, op: str) -> TrainerProcessError:
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = ""
+        if self.log is not None and self.log.exists():
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        self._closed = True
+        return TrainerProcessError(
+            f"the trainer process of {self.name!r} died during {op!r} (exit code {code}); "
+            f"the steps it took since the last save are lost. Its log "
+            f"({self.log or 'not kept'}) ends with:\n{tail}")
+
+
+class ProcessPublisher:
+    """Publishes a ProcessTrainer's weights to an engine in this process: the child encodes
+    (bf16 deltas, full snapshots every `full_every` versions), the engine applies and checks."""
+
+    where = "this process"
+
+    def __init__(self, engine: Any, trainer: ProcessTrainer):
+        self.engine, self.trainer = engine, trainer
+
+    @property
+    def checksum(self) -> int | None:
+        return self.trainer.checksum
+
+    def publish_initial(self, name: str, trainer: Any) -> None:
+        payload, _ = self.trainer.pull(None, None, full=True)
+        self.engine.update_weights(WeightUpdate(name, self.trainer.version,
+                                                payload=payload)).result()
+
+    async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
+        import asyncio
+
+        engine, version, stats = self.engine, self.trainer.version, {}
+
+        async def fetch(full: bool) -> bytes:
+            payload, found = await anyio.to_thread.run_sync(
+                self.trainer.pull, engine.version, engine.weights_checksum, full)
+            stats.update(found)
+            return payload
+
+        async def apply(payload: bytes) -> dict[str, Any]:
+            update = WeightUpdate(name, version, payload=payload)
+            return dict(await asyncio.wrap_future(engine.update_weights(update)))
+
+        payload, applied, fallback = await deliver(fetch, apply)
+        return {
+            "transfer_kind": applied["kind"],
+            "transfer_bytes": len(payload),
+            "transfer_ratio": len(payload) / max(stats.get("full_bytes", 0), 1),
+            "changed_fraction": stats.get("changed_fraction", 1.0),
+            "encode_seconds": stats.get("encode_seconds", 0.0),
+            "decode_seconds": applied["apply_seconds"],
+            "transfer_fallback": fallback,
+            "weights_checksum": self.trainer.checksum,
+        }
+
+
+# -- the child ------------------------------------------------------------------------------------
+
+class _Child:
+    """The child's state: one LocalTrainer and the WeightStore its weights are published into."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.store: Any = None
+        self.stats: dict[str, Any] = {}
+
+    def create(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        from ..training.local import AdamWConfig, LocalTrainer
+        from ..weights.store import WeightStore
+
+        torch.set_num_threads(int(header["threads"]))
+        optimizer = dict(header["optimizer"])
+        optimizer["betas"] = tuple(optimizer.get("betas", (0.9, 0.999)))
+        self.trainer = LocalTrainer(
+            spec_from_wire(header["spec"]), algorithm_from_dict(header["algorithm"]),
+            AdamWConfig(**optimizer), device=header["device"],
+            dtype=getattr(torch, header["dtype"]))
+        self.store = WeightStore(header["name"], full_every=int(header["full_every"]))
+        self._publish()
+        return {"version": self.trainer.version, "checksum": self.store.checksum}, b""
+
+    def step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        start = time.perf_counter()
+        metrics = self.trainer.step(batch_from_bytes(body))
+        return {"metrics": metrics, "version": self.trainer.version,
+                "seconds": time.perf_counter() - start}, b""
+
+    def sft_step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        metrics = self.trainer.sft_step(batch_from_bytes(body), lr=header.get("lr"))
+        return {"metrics": metrics, "version": self.trainer.version}, b""
+
+    def pull(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        if self.store.version != self.trainer.version:
+            self._publish()
+        if header.get("full"):
+            payload = self.store.pull_full()
+        else:
+            payload = self.store.pull(header.get("have_version"), header.get("have_checksum"))
+        return {"checksum": self.store.checksum, "stats": self.stats}, payload
+
+    def weights(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        return {}, st_save({k: v.contiguous() for k, v in self.trainer.weights().items()})
+
+    def save(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        self.trainer.save(header["directory"])
+        return {}, b""
+
+    def load(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        self.trainer.load(header["directory"])
+        return {"version": self.trainer.version}, b""
+
+    def _publish(self) -> None:
+        stats = self.store.publish(self.trainer.version, self.trainer.weights())
+        self.stats = {"changed_fraction": stats.changed_fraction,
+                      "full_bytes": stats.full_bytes, "encode_seconds": stats.encode_seconds}
+
+
+def main() -> int:
+    """Serve one ProcessTrainer over stdin/stdout until "close" or end of input."""
+    # the frames own stdout: anything a library prints goes to stderr (the log) instead
+    wire_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    wire_in = sys.stdin.buffer
+    child = _Child()
+    ops: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
+        "create": child.create, "step": child.step, "sft_step": child.sft_step,
+        "pull": child.pull, "weights": child.weights, "save": child.save, "load": child.load,
+    }
+    while (frame := _read(wire_in)) is not None:
+        header, body = frame
+        op = header.get("op")
+        if op == "close":
+            break
+        try:
+            handler = ops.get(str(op))
+            if handler is None:
+                raise ValueError(f"unknown operation {op!r}")
+            answer, payload = handler(header, body)
+            answer["ok"] = True
+        except Exception:
+            answer, payload = {"ok": False, "error": traceback.format_exc()}, b""
+        _write(wire_out, answer, payload)
+    return 0
+
