@@ -18,6 +18,7 @@ go on while the notebook runs other cells, and heavy torch work stays off the ke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import traceback
@@ -74,11 +75,14 @@ class Session:
             and the trainer run side by side), at least 1.
         rollout: URLs of rollout services (`astranb serve rollout`); episodes are played there
             instead of in this process. Services can be added and removed while a run goes on.
-        trainer: where policies train. None or "thread": in this process, in a worker thread.
-            "process": each policy's trainer in its own child process (`remote.process`), so
-            training and rollouts never wait on each other for Python's interpreter lock: on a
-            CPU with small models this is what lets rollouts and training overlap. A URL: a
-            trainer service (`astranb serve trainer`), with rollout services.
+        trainer: where policies train. "process": each policy's trainer in its own child
+            process (`remote.process`), so training and rollouts never wait on each other for
+            Python's interpreter lock; on a CPU with small models this is what lets them
+            overlap. "thread": in this process, in a worker thread (the trainer's model is then
+            `policy.trainer.model`). A URL: a trainer service (`astranb serve trainer`), with
+            rollout services. Default: $ASTRANB_TRAINER if set, else "process" on a CPU with at
+            least 2 cores and "thread" otherwise (on a GPU the engine and the trainer already
+            run their heavy work outside Python).
         token: bearer token of the services (default: $ASTRANB_TOKEN).
         failure_timeout: seconds a rollout service may stay silent before its in-flight
             episodes are resubmitted to the others.
@@ -112,13 +116,15 @@ class Session:
         self._pool = RolloutPool(urls, token, self.policies, failure_timeout=failure_timeout,
                                  transport=transport) if urls else None
         self._trainer = None
+        if trainer is None and not urls:
+            trainer = _default_trainer(device)
         if trainer not in (None, "thread", "process") and not str(trainer).startswith(
                 ("http://", "https://")):
-            raise ValueError(f"trainer={trainer!r}: use 'thread' (the default), 'process', or the "
-                             "URL of a trainer service (http://host:port)")
-        self._train_in = "process" if trainer == "process" else "thread"
+            raise ValueError(f"trainer={trainer!r}: use 'thread', 'process', or the URL of a "
+                             "trainer service (http://host:port)")
+        self._train_in = "process" if trainer == "process" and not urls else "thread"
         self._threads = threads
-        if trainer is not None and self._train_in == "thread" and trainer != "thread":
+        if trainer is not None and trainer not in ("thread", "process"):
             if self._pool is None:
                 raise ValueError("a trainer service needs rollout services too: pass "
                                  "rollout=[url, ...] (`astranb serve rollout` on the GPU hosts)")
@@ -660,6 +666,23 @@ def _leaves(error: BaseException):
         yield error
 
 
+def _default_trainer(device: str) -> str:
+    chosen = os.environ.get("ASTRANB_TRAINER")
+    if chosen:
+        if chosen not in ("thread", "process"):
+            raise ValueError(f"ASTRANB_TRAINER={chosen!r}: use 'thread' or 'process'")
+        return chosen
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return "process" if str(device) == "cpu" and (cores or 1) >= 2 else "thread"
+
+
 def _decoder(policy: Policy):
+    """Prompt ids -> text for recorded episodes; the episodes of a group share their prompt, so
+    recent prompts are decoded once."""
     tok = policy.tokenizer
-    return lambda ids: tok.decode(ids, skip_special_tokens=False)
+
+    @functools.lru_cache(maxsize=4096)
+    def decode(ids: tuple[int, ...]) -> str:
+        return tok.decode(list(ids), skip_special_tokens=False)
+
+    return lambda ids: decode(tuple(ids))

@@ -10,6 +10,7 @@ with the last error instead of spinning forever.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..errors import EpisodesKeepFailing
 from ..types import Trajectory
+from ._tasks import run_all
 from .batcher import has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .staleness import StalenessGate
@@ -171,9 +173,7 @@ class Orchestrator:
         async def play(i: int) -> None:
             results[i] = await self.play_episode(sample, group_id, admitted, source)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(self.group_size):
-                tg.start_soon(play, i)
+        await run_all([functools.partial(play, i) for i in range(self.group_size)])
         ok = tuple(t for t in results if t is not None and t.ok)
         used = frozenset(turn.policy for t in ok for turn in t.turns)
         return Group(group_id, ok, admitted, used)
@@ -272,9 +272,7 @@ async def play_heldout(env: Environment, wiring: Mapping[str, PolicyHandle],
                                              started_version=version,
                                              id=f"eval.{group}.{index}")
 
-        async with anyio.create_task_group() as tg:
-            for index in range(len(flat)):
-                tg.start_soon(play, index)
+        await run_all([functools.partial(play, index) for index in range(len(flat))])
     done = [t for t in flat if t is not None]
     assert len(done) == len(flat)  # every task above filled its slot
     return [done[i * k:(i + 1) * k] for i in range(len(samples))]

@@ -113,6 +113,7 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self._steps = self._tokens = 0
         self._outbox = _Outbox()  # worker thread only
+        self._sleeping = False  # the worker waits on _cv for work (read and set under _cv)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -182,7 +183,8 @@ class HFEngine:
         with self._cv:
             self._check_open()
             self._queue.append(Row(request, future, list(request.prompt_ids)))
-            self._cv.notify_all()
+            if self._sleeping:  # a busy worker finds the request between two steps anyway
+                self._cv.notify_all()
         if self._thread is None:
             self.start()
 
@@ -322,7 +324,11 @@ class HFEngine:
                 runnable = not self._paused and (batch.rows or self._queue)
                 if self._updates or self._prune or runnable:
                     return True
-                self._cv.wait()
+                self._sleeping = True
+                try:
+                    self._cv.wait()
+                finally:
+                    self._sleeping = False
 
     def _tick(self) -> None:
         """Everything the worker does between two decode steps, then one step."""

@@ -195,6 +195,15 @@ class ProcessTrainer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:  # a dead child's stdin may refuse the final flush
+                    pass
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -227,6 +236,7 @@ class ProcessTrainer:
         if self.log is not None and self.log.exists():
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
         self._closed = True
+        self._close_pipes()
         return TrainerProcessError(
             f"the trainer process of {self.name!r} died during {op!r} (exit code {code}); "
             f"the steps it took since the last save are lost. Its log "
@@ -300,7 +310,10 @@ class _Child:
             spec_from_wire(header["spec"]), algorithm_from_dict(header["algorithm"]),
             AdamWConfig(**optimizer), device=header["device"],
             dtype=getattr(torch, header["dtype"]))
-        self.store = WeightStore(header["name"], full_every=int(header["full_every"]))
+        # the engine is on this machine: full snapshots (a copy and a hash) cost less than
+        # encoding deltas (measured 1 ms against 20 ms for a 300K-parameter model)
+        self.store = WeightStore(header["name"], full_every=int(header["full_every"]),
+                                 deltas=bool(header.get("deltas", False)))
         self._publish()
         return {"version": self.trainer.version, "checksum": self.store.checksum}, b""
 

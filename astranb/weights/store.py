@@ -48,7 +48,8 @@ class WeightStore:
         dtype: dtype weights are published in.
     """
 
-    def __init__(self, policy: str, *, full_every: int = 10, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, policy: str, *, full_every: int = 10, dtype: torch.dtype = torch.bfloat16,
+                 deltas: bool = True):
         if full_every < 0:
             raise ValueError(
                 f"full_every must be >= 0 (0 never forces a full sync), got {full_every}"
@@ -56,6 +57,9 @@ class WeightStore:
         self.policy = policy
         self.full_every = full_every
         self.dtype = dtype
+        self.deltas = deltas
+        """False: receivers always get full snapshots and no delta is encoded (a receiver on the
+        same machine: copying 2 bytes per weight costs less than finding the changed ones)."""
         self._lock = threading.Lock()
         self._weights: dict[str, torch.Tensor] | None = None
         self._version = -1
@@ -83,16 +87,19 @@ class WeightStore:
             old, old_version = self._weights, self._version
             delta = None
             # made even when a full sync is due: it measures the changed fraction for the metrics
-            if old is not None and version == old_version + 1 and not layout_mismatch(old, new):
+            comparable = old is not None and not layout_mismatch(old, new)
+            if comparable and self.deltas and version == old_version + 1:
                 delta = encode(old, new, policy=self.policy, base_version=old_version,
                                version=version, base_checksum=self._checksum)
             header = peek(delta) if delta else None
+            changed = (header.changed / max(header.elements, 1) if header
+                       else _changed_fraction(old, new) if comparable and old is not None
+                       else 1.0)
             self._weights, self._version, self._full = new, version, None
             self._delta, self._delta_header = delta, header
             self._checksum = header.checksum if header else checksum(new)
         seconds = time.perf_counter() - start
         full_bytes = sum(t.numel() * t.element_size() for t in new.values())
-        changed = header.changed / max(header.elements, 1) if header else 1.0
         return PublishStats(version, changed, len(delta) if delta else 0, full_bytes, seconds)
 
     def pull(self, have_version: int | None = None, have_checksum: int | None = None) -> bytes:
@@ -115,3 +122,15 @@ class WeightStore:
     def _full_sync_due(self) -> bool:
         return self.full_every > 0 and self._version % self.full_every == 0
 
+
+
+def _changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """Fraction of elements whose bits differ between two same-layout weight sets."""
+    changed = elements = 0
+    for name, tensor in new.items():
+        a, b = old[name].reshape(-1), tensor.reshape(-1)
+        if a.element_size() == 2:  # compare bits, as the codec does (-0.0 != 0.0, NaN == NaN)
+            a, b = a.view(torch.int16), b.view(torch.int16)
+        changed += int((a != b).sum())
+        elements += b.numel()
+    return changed / max(elements, 1)
