@@ -50,8 +50,8 @@ from .policy import Policy
 from .recorder import Recorder
 from .remote.client import TrainerClient
 from .remote.pool import RolloutPool, ServicesPublisher
-from .remote.serialize import spec_to_wire
 from .remote.process import ProcessPublisher, ProcessTrainer
+from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
 from .run import Run
 from .training.local import AdamWConfig, LocalTrainer
