@@ -186,10 +186,12 @@ def test_inflight_weight_update_switches_version_mid_generation(monkeypatch):
         long_req = _request(7, 40, temperature=temperature)
         other_req = _request(3, 25, temperature=temperature, offset=5)
         futures = [engine.submit(long_req), engine.submit(other_req)]
-        pauser.run_until(6)  # both requests have 6 tokens of version 0
+        # admission samples each first token from the prefill, then 6 decode steps: both
+        # requests have 7 tokens of version 0
+        pauser.run_until(6)
         applied = engine.update_weights(WeightUpdate(policy="policy", version=1, state=new))
         applied.result(timeout=30)  # updates apply while paused
-        assert engine.version == 1 and engine.stats().tokens_generated == 12
+        assert engine.version == 1 and engine.stats().tokens_generated == 14
         engine.resume()
         gens = [f.result(timeout=30) for f in futures]
         for name, tensor in engine.state_dict().items():
@@ -197,7 +199,7 @@ def test_inflight_weight_update_switches_version_mid_generation(monkeypatch):
     by_version = {0: SPEC.build(), 1: SPEC.build()}
     by_version[1].load_state_dict(new)
     for gen in gens:
-        assert gen.versions[:6] == (0,) * 6 and set(gen.versions[6:]) == {1}
+        assert gen.versions[:7] == (0,) * 7 and set(gen.versions[7:]) == {1}
         assert list(gen.versions) == sorted(gen.versions)
         refs = {v: _reference_logprobs(m, gen, temperature, 1.0) for v, m in by_version.items()}
         expected = torch.stack([refs[v][i] for i, v in enumerate(gen.versions)])
@@ -321,3 +323,27 @@ def test_payload_updates_full_then_delta_and_errors():
         with pytest.raises(weights.BaseMismatch):
             engine.update_weights(WeightUpdate("policy", 1, payload=delta)).result(timeout=30)
         assert engine.generate_many([_request(3, 4)])[0].versions == (2,) * 4  # still serving
+
+
+def test_first_token_from_the_prefill_matches_a_decode_step_and_saves_one(monkeypatch):
+    """New requests sample their first token from the prefill's logits (one forward less);
+    with too many logits for the budget they take it from a decode step instead: same tokens,
+    same logprobs, one step more per admission."""
+    import astranb.engines._batch as batch_module
+
+    requests = [_request(n, 5, offset=n) for n in (3, 6, 9)] + [_request(4, 1)]
+
+    def run():
+        with HFEngine(SPEC, max_batch_size=4) as engine:
+            gens = engine.generate_many(requests)
+            return gens, engine.stats()
+
+    fast, fast_stats = run()
+    monkeypatch.setattr(batch_module, "PREFILL_LOGITS_BUDGET", 0)
+    slow, slow_stats = run()
+    for a, b in zip(fast, slow, strict=True):
+        assert a.completion_ids == b.completion_ids and a.finish_reason == b.finish_reason
+        _assert_close(a.logprobs, torch.tensor(b.logprobs))
+    assert fast[-1].completion_ids and len(fast[-1].completion_ids) == 1  # done at admission
+    assert fast_stats.tokens_generated == slow_stats.tokens_generated == 3 * 5 + 1
+    assert fast_stats.steps < slow_stats.steps

@@ -21,7 +21,11 @@ from ..types import GenerationRequest
 from ._kvbatch import SlotKV
 from ._sampling import sample
 
-__all__ = ["Row", "DecodeBatch"]
+__all__ = ["Row", "DecodeBatch", "PREFILL_LOGITS_BUDGET"]
+
+PREFILL_LOGITS_BUDGET = 1 << 24
+"""Most logit elements (rows x prompt length x vocabulary) a prefill may return so that new rows
+sample their first token from it (64 MB in fp32)."""
 
 
 @dataclass(eq=False)
@@ -61,28 +65,51 @@ class DecodeBatch:
         self.temperature_R = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self.top_p_R = torch.ones(max_rows, dtype=torch.float32, device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.vocab_size = int(getattr(model.config, "vocab_size", 0) or 1 << 30)
         self._any_sampled = self._any_top_p = False
 
     @property
     def free(self) -> int:
         return self.max_rows - len(self.rows)
 
-    def admit(self, rows: list[Row]) -> None:
+    def admit(self, rows: list[Row], version: int | None = None) -> list[tuple[Row, str]]:
         """Prefill `rows` together and append them to the batch.
 
-        Each row's cache gets every token but its last, which becomes the row's pending input, so
-        the next decode step samples the row's next token. On error nothing is admitted.
+        With `version` (new requests, none of them sampled yet) each row's whole prompt is
+        prefilled and its first token is sampled from the prefill's last logits, carrying
+        `version`: a request costs one forward less. Rows that this first token already finishes
+        leave again and are returned, as `step` returns its finished rows. Without `version`
+        (rows being rebuilt) each row's cache gets every token but its last, which becomes the
+        row's pending input for the next decode step. On error nothing is admitted.
+
+        The first-token path is taken when the prefill's logits for every position stay within
+        `PREFILL_LOGITS_BUDGET` elements (small vocabularies, short prompts); otherwise new rows
+        are admitted like rebuilt ones and sample their first token in the next decode step.
         """
         if not rows:
-            return
-        self.kv.admit([row.tokens[:-1] for row in rows])
+            return []
+        longest = max(len(row.tokens) for row in rows)
+        sample_now = (version is not None and len(rows) * longest * self.vocab_size
+                      <= PREFILL_LOGITS_BUDGET)
+        cached = [row.tokens if sample_now else row.tokens[:-1] for row in rows]
+        logits_K_V = self.kv.admit(cached, last_logits=sample_now)
         slots = slice(len(self.rows), len(self.rows) + len(rows))
         sampling = [row.request.sampling for row in rows]
-        self.pending_R[slots] = self._tensor([row.tokens[-1] for row in rows], torch.long)
         self.temperature_R[slots] = self._tensor([s.temperature for s in sampling], torch.float32)
         self.top_p_R[slots] = self._tensor([s.top_p for s in sampling], torch.float32)
-        self.prefill_tokens += sum(len(row.tokens) - 1 for row in rows)
+        self.prefill_tokens += sum(len(c) for c in cached)
         self._set_rows(self.rows + tuple(rows))
+        if not sample_now:
+            self.pending_R[slots] = self._tensor([row.tokens[-1] for row in rows], torch.long)
+            return []
+        assert logits_K_V is not None and version is not None
+        tokens_K, logp_K = sample(
+            logits_K_V, self.temperature_R[slots], self.top_p_R[slots], self.generator,
+            any_sampled=any(s.temperature > 0 for s in sampling),
+            any_top_p=any(s.temperature > 0 and s.top_p < 1 for s in sampling),
+        )
+        self.pending_R[slots] = tokens_K
+        return self._record(rows, tokens_K, logp_K, version)
 
     def step(self, version: int) -> list[tuple[Row, str]]:
         """Sample one token for every row; rows that finished leave the batch.
@@ -113,8 +140,13 @@ class DecodeBatch:
         )
         self.kv.advance()
         self.pending_R[:n] = tokens_B
+        return self._record(self.rows, tokens_B, logp_B, version)
+
+    def _record(self, rows: Iterable[Row], tokens_B: torch.Tensor, logp_B: torch.Tensor,
+                version: int) -> list[tuple[Row, str]]:
+        """Append each row's sampled token; rows that finished leave the batch (returned)."""
         finished: list[tuple[Row, str]] = []
-        for row, token, logp in zip(self.rows, tokens_B.tolist(), logp_B.tolist(), strict=True):
+        for row, token, logp in zip(rows, tokens_B.tolist(), logp_B.tolist(), strict=True):
             row.tokens.append(token)
             row.logprobs.append(logp)
             row.versions.append(version)

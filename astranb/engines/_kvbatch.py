@@ -11,8 +11,9 @@ between steps: the position of a row's next token is `end - start`.
     row 0 (long)  a a a a a a a a |      start 0
     row 1 (short) . . . . . b b b |      start 5 (masked before)
 
-A joining request is prefilled on its own (right padded, so no query row is ever fully masked and
-no NaN can reach the buffer) and shifted into place. A leaving request's slot is refilled by moving
+Joining requests are prefilled together (right padded, so no query row is ever fully masked and
+no NaN can reach the buffer) and shifted into place; the prefill can also return the logits after
+each row's last token, so a new request's first token needs no decode step of its own. A leaving request's slot is refilled by moving
 the last row into it, so live rows stay contiguous in [0, n). Columns left of every live row's
 start are simply not shown to the model (the window starts at min(start)), which trims padding for
 free when a long request leaves.
@@ -128,18 +129,25 @@ class SlotKV:
 
     # -- membership -------------------------------------------------------------------------------
 
-    def admit(self, cached: Sequence[Sequence[int]]) -> None:
+    def admit(self, cached: Sequence[Sequence[int]], *,
+              last_logits: bool = False) -> torch.Tensor | None:
         """Append rows [n, n + k) whose caches hold `cached[i]` (prefilled here, in one batch).
 
         Args:
             cached: token ids each new row has already seen (may be empty).
+            last_logits: also return the logits after each row's last token, [k, vocab]
+                (every row must then be non-empty).
+
+        Returns:
+            The last logits when asked for, else None.
         """
         k = len(cached)
         if self.n + k > self.max_rows:
             raise RuntimeError(f"SlotKV holds at most {self.max_rows} rows")
         lengths = [len(c) for c in cached]
         longest = max(lengths, default=0)
-        kv = _prefill(self.model, cached, self.device) if longest else None
+        kv, logits_K_V = _prefill(self.model, cached, self.device, last_logits) if longest else (
+            None, None)
         if longest > self.end:
             self._relayout(longest)
         rows = slice(self.n, self.n + k)
@@ -150,6 +158,7 @@ class SlotKV:
         self.starts.extend(new_starts)
         self.n += k
         self.start = min(self.starts)
+        return logits_K_V
 
     def remove(self, rows: Sequence[int]) -> tuple[list[int], list[int]]:
         """Drop rows and refill the holes from the tail so live rows stay contiguous.
@@ -232,28 +241,34 @@ class SlotKV:
 
 
 def _prefill(
-    model, cached: Sequence[Sequence[int]], device
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run `cached` through the model right padded; return each layer's (keys, values) [K, H, T, D].
+    model, cached: Sequence[Sequence[int]], device, last_logits: bool = False
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+    """Run `cached` through the model right padded; return each layer's (keys, values)
+    [K, H, T, D], and with `last_logits` the logits after each row's last token [K, V].
 
     Right padding keeps every real token's causal context free of padding, so plain causal
     attention (no padding mask) gives the same keys/values as running each row alone.
     """
     longest = max(len(c) for c in cached)
+    lengths = [len(c) for c in cached]
     ids_K_T = torch.zeros(len(cached), longest, dtype=torch.long)
     for i, c in enumerate(cached):
         ids_K_T[i, : len(c)] = torch.tensor(c, dtype=torch.long)
     ids_K_T = ids_K_T.to(device)
     position_ids_K_T = torch.arange(longest, device=device).expand(len(cached), -1)
     cache = DynamicCache(config=model.config)
-    model(
+    out = model(
         input_ids=ids_K_T,
         position_ids=position_ids_K_T,
         cache=cache,
         use_cache=True,
-        logits_to_keep=1,
+        logits_to_keep=0 if last_logits else 1,  # 0: every position
     )
-    return [_filled(layer) for layer in cache.layers]
+    logits_K_V = None
+    if last_logits:
+        last_K = torch.tensor(lengths, device=device) - 1
+        logits_K_V = out.logits[torch.arange(len(cached), device=device), last_K]
+    return [_filled(layer) for layer in cache.layers], logits_K_V
 
 
 def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:

@@ -370,12 +370,16 @@ class HFEngine:
         if not joiners:
             return
         try:
-            batch.admit(joiners)
+            finished = batch.admit(joiners, version=self._version)
         except Exception as exc:
             self._fail_rows(joiners, exc)
+            finished = []
         finally:
             with self._cv:
                 self._joining = []
+        self._tokens += sum(1 for row in joiners if row.logprobs)  # first tokens sampled here
+        for row, reason in finished:
+            settle(row.future, result=self._generation(row, reason))
 
     def _generation(self, row: Row, finish_reason: str) -> Generation:
         completion = tuple(row.completion)
