@@ -14,9 +14,9 @@ between steps: the position of a row's next token is `end - start`.
 Joining requests are prefilled together (right padded, so no query row is ever fully masked and
 no NaN can reach the buffer) and shifted into place; the prefill can also return the logits after
 each row's last token, so a new request's first token needs no decode step of its own. A leaving
-request's slot is refilled by moving the last row into it, so live rows stay contiguous in [0, n). Columns left of every live row's
-start are simply not shown to the model (the window starts at min(start)), which trims padding for
-free when a long request leaves.
+request's slot is refilled by moving the last row into it, so live rows stay contiguous in [0, n).
+Columns left of every live row's start are simply not shown to the model (the window starts at
+min(start)), which trims padding for free when a long request leaves.
 
 The model sees the buffer through `SlotCache`, a transformers `Cache` whose layers write into the
 buffer and return views; it never copies the whole cache per step, unlike `DynamicCache`.
