@@ -9,11 +9,19 @@
   B. Weight pulls for a >= 50M-parameter model: a trainer service process (tiny Qwen3, hidden
      1024, 4 layers, ~67M parameters) trains a few AdamW steps on real batches from a rollout
      service; at each version the rollout service pulls from the trainer (notify_version: fetch +
-     decode + apply + checksum). Then, for the last version, the trainer's full snapshot and its
-     delta are each pulled over HTTP and applied here: bytes and seconds, full vs delta.
+     decode + apply + checksum). Then, at each version, the trainer's full snapshot and its delta
+     are each pulled over HTTP (TrainerClient.weights) and applied here as an engine applies them
+     (weights.Mirror: hash check, decode or apply in place, result checksum), 3 times each,
+     medians: bytes, fetch and apply seconds. Beside them the loopback bandwidth, measured two
+     ways: a raw TCP transfer between two processes (the wire) and a GET of a random body through
+     the same HTTP stack (uvicorn, astranb's middleware, the weights route's response, the same
+     client). The issue's targets, checked against the raw TCP bandwidth: a delta pull takes
+     <= 1.5 x bytes / bandwidth + 50 ms; a delta of <= 10 % of the full bytes is pulled and
+     applied >= 5x faster than the full snapshot.
 
     .venv/bin/python bench/services.py            # ~2 minutes on 2 shared cores
     .venv/bin/python bench/services.py --quick    # smaller: a smoke test
+    .venv/bin/python bench/services.py --part B   # one part only (A or B)
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -37,22 +47,26 @@ from astranb.engines.instant import InstantEngine  # noqa: E402
 from astranb.environments.base import EpisodeContext  # noqa: E402
 from astranb.remote.client import TrainerClient  # noqa: E402
 from astranb.services.http import free_port  # noqa: E402
-from astranb.weights import codec  # noqa: E402
+from astranb.weights import Mirror  # noqa: E402
 
 
 def start(*args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "astranb.cli", *args, "--port", str(port)],
                             cwd=ROOT, start_new_session=True, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    return proc, _wait_until_up(proc, f"http://127.0.0.1:{port}", args)
+
+
+def _wait_until_up(proc: subprocess.Popen, url: str, what) -> str:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return url
         except httpx.HTTPError:
             time.sleep(0.2)
-    raise TimeoutError(f"{args} did not start")
+    stop(proc)
+    raise TimeoutError(f"{what} did not start")
 
 
 def stop(*procs: subprocess.Popen) -> None:
@@ -128,6 +142,86 @@ async def _in_process(env, policy, episodes: int, chunk: int) -> float:
 
 # -- B. weight pulls ----------------------------------------------------------------------------
 
+PULLS = 3  # pulls of each kind per version; medians are reported
+SLACK = 0.050  # seconds the issue allows on top of 1.5 x bytes / bandwidth
+
+_RAW_SENDER = """
+import os, socket, sys
+body = os.urandom(int(sys.argv[1]))
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+while True:
+    conn, _ = server.accept()
+    with conn:
+        conn.recv(1)
+        conn.sendall(body)
+"""
+
+_HTTP_SENDER = """
+import os, sys
+import uvicorn
+from fastapi import FastAPI
+from astranb.services.http import ServiceConfig, install, octets
+body = os.urandom(int(sys.argv[1]))
+app = install(FastAPI(), ServiceConfig())
+@app.get("/health")
+async def health():
+    return {"ok": True}
+@app.get("/v1/weights/{policy}")
+async def blob(policy: str):
+    return octets(body)  # the trainer's weights route answers with this
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
+"""
+
+
+def loopback_bandwidth(nbytes: int, tries: int = 3) -> dict[str, float]:
+    """Bytes per second on loopback, best of `tries`, two ways (see the module's docstring)."""
+    sender = subprocess.Popen([sys.executable, "-c", _RAW_SENDER, str(nbytes)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        port = int(sender.stdout.readline())
+        buffer = memoryview(bytearray(nbytes))  # reused: the wire's speed, not page faults
+        raw = []
+        for _ in range(tries + 1):  # the first one touches the buffer's pages
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                started, got = time.perf_counter(), 0
+                conn.sendall(b"x")
+                while got < nbytes:
+                    n = conn.recv_into(buffer[got:])
+                    if not n:
+                        raise ConnectionError("the raw sender stopped early")
+                    got += n
+                raw.append(nbytes / (time.perf_counter() - started))
+    finally:
+        stop(sender)
+    http_proc, url = start_script(_HTTP_SENDER, str(nbytes))
+    try:
+        http = []
+        for _ in range(tries):
+            seconds = asyncio.run(_fetch_only(url))
+            http.append(nbytes / seconds)
+    finally:
+        stop(http_proc)
+    return {"raw": max(raw[1:]), "http": max(http)}
+
+
+def start_script(script: str, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", script, *args, str(port)], cwd=ROOT,
+                            start_new_session=True, stderr=subprocess.DEVNULL)
+    return proc, _wait_until_up(proc, f"http://127.0.0.1:{port}", script[:40])
+
+
+async def _fetch_only(url: str) -> float:
+    client = TrainerClient(url)
+    try:
+        started = time.perf_counter()
+        await client.weights("blob")
+        return time.perf_counter() - started
+    finally:
+        await client.close()
+
+
 def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     spec = ab.models.tiny(hidden_size=hidden, num_layers=layers, num_heads=16)
     trainer, t_url = start("serve", "trainer")
@@ -140,12 +234,13 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
             policy = session.policy("solver", spec, engine="instant",
                                     optimizer=ab.AdamWConfig(lr=1e-5), full_every=0)
             session.wire(ab.environments.load("arithmetic"), solver=policy)
-            held = asyncio.run(_pull(t_url, None))  # version 0, full
+            held = asyncio.run(_pulls(t_url, None))  # version 0, full
             for _ in range(steps):
                 run = session.train(steps=1, batch_size=16, group_size=4, max_staleness=0)
                 rows.append(run.wait(progress=False).metrics.iloc[-1].to_dict())
-                full = asyncio.run(_pull(t_url, None))
-                delta = asyncio.run(_pull(t_url, held))
+                full = asyncio.run(_pulls(t_url, None))
+                delta = asyncio.run(_pulls(t_url, held))
+                assert delta["kind"] == "delta" and full["kind"] == "full", (delta, full)
                 assert delta["checksum"] == full["checksum"] == policy.weights_checksum
                 pulls.append((full, delta))
                 held = full
@@ -154,41 +249,57 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     return {"parameters": ab.models.tiny_parameters(spec.config), "rows": rows, "pulls": pulls}
 
 
-async def _pull(url: str, held: dict | None) -> dict:
-    """Pull the latest version over HTTP as a receiver holding `held` (None: nothing), then
-    decode it (full) or apply it to a copy of what is held (delta); checksum-verified."""
-    client = TrainerClient(url)
+async def _pulls(url: str, held: dict | None) -> dict:
+    """Pull the latest version PULLS times as a receiver holding `held` (None: nothing) and apply
+    it as an engine does (weights.Mirror): a full snapshot decoded, a delta applied in place to a
+    copy of what is held (the copy is the benchmark's, not timed). Medians of each time."""
+    client = TrainerClient(url)  # one client, as a Session or a rollout service holds one
+    runs = []
     try:
-        started = time.perf_counter()
-        if held is None:
-            payload = await client.weights("solver")
-        else:
-            payload = await client.weights("solver", held["version"], held["checksum"])
-        fetched = time.perf_counter()
-        header = codec.peek(payload)
-        if header.kind == "full":
-            tensors = codec.decode(None, payload)
-        else:
-            tensors = {k: v.clone() for k, v in held["tensors"].items()}
-            fetched_copy = time.perf_counter()
-            codec.apply(tensors, payload, base_checksum=held["checksum"])
-            # the copy is the benchmark's, not the codec's
-            fetched += time.perf_counter() - fetched_copy
-        done = time.perf_counter()
+        for _ in range(PULLS):
+            mirror = Mirror()
+            if held is not None:
+                mirror.set(held["tensors"])  # a copy in bf16, and its checksum (not timed)
+            started = time.perf_counter()
+            if held is None:
+                payload = await client.weights("solver")
+            else:
+                payload = await client.weights("solver", held["version"], held["checksum"])
+            fetched = time.perf_counter()
+            header = mirror.apply(payload, policy="solver")
+            done = time.perf_counter()
+            assert mirror.checksum == header.checksum
+            runs.append((fetched - started, done - fetched, done - started))
+            del payload
     finally:
         await client.close()
+    fetch_s, apply_s, total_s = (statistics.median(r[i] for r in runs) for i in range(3))
+    assert mirror.tensors is not None
     return {"kind": header.kind, "version": header.version, "checksum": header.checksum,
-            "bytes": len(payload), "http_s": fetched - started, "apply_s": done - fetched,
-            "changed": header.changed / max(header.elements, 1), "tensors": tensors}
+            "bytes": header.total_bytes, "fetch_s": fetch_s, "apply_s": apply_s,
+            "total_s": total_s, "changed": header.changed / max(header.elements, 1),
+            "tensors": mirror.tensors}
+
+
+def _bound(nbytes: int, bandwidth: float) -> float:
+    return 1.5 * nbytes / bandwidth + SLACK
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--part", choices=["A", "B", "both"], default="both")
     args = parser.parse_args()
     episodes, chunk = (4096, 512) if args.quick else (40_960, 1024)
     hidden, layers, steps = (256, 2, 2) if args.quick else (1024, 4, 3)
 
+    if args.part != "B":
+        part_a(episodes, chunk)
+    if args.part != "A":
+        part_b(hidden, layers, steps)
+
+
+def part_a(episodes: int, chunk: int) -> None:
     print(f"A. episodes/s, arithmetic, instant engine, {episodes} episodes in chunks of {chunk}")
     a = episodes_per_second(episodes, chunk)
     print(f"   through HTTP (2 rollout services, loopback): {a['http_eps']:8.0f} episodes/s "
@@ -196,20 +307,39 @@ def main() -> None:
     print(f"   same episodes in this process, no HTTP:      {a['in_process_eps']:8.0f} episodes/s")
     print(f"   ratio HTTP / in-process: {a['http_eps'] / a['in_process_eps']:.2f}")
 
+
+def part_b(hidden: int, layers: int, steps: int) -> None:
     print(f"\nB. weight pulls, tiny Qwen3 hidden {hidden} x {layers} layers, AdamW lr 1e-5, "
           f"{steps} steps (trainer and rollout services on loopback)")
     b = weight_pulls(hidden, layers, steps)
     model_bytes = b["parameters"] * 2
     print(f"   {b['parameters']:,} parameters, {model_bytes / 1e6:.1f} MB in bf16")
-    print("   version  changed  | full: bytes    http s  decode s | delta: bytes   http s  apply s"
-          " | delta/full bytes  seconds | service notify s (kind)")
+    bw = loopback_bandwidth(model_bytes)
+    print(f"   loopback bandwidth, {model_bytes / 1e6:.0f} MB, best of 3: raw TCP between two "
+          f"processes {bw['raw'] / 1e9:.2f} GB/s (the bound's); GET through the services' HTTP "
+          f"stack {bw['http'] / 1e9:.2f} GB/s")
+    print(f"   pulls over HTTP and applied as an engine does (weights.Mirror), median of {PULLS}; "
+          "bound = 1.5 x bytes / raw bandwidth + 50 ms")
+    print("   version  changed | kind         bytes  fetch s  apply s  total s |  bound s"
+          "  fetch<=bound  total<=bound")
+    for full, delta in b["pulls"]:
+        for pull in (delta, full):
+            bound = _bound(pull["bytes"], bw["raw"])
+            print(f"   {pull['version']:7d}  {delta['changed']:6.2%} | {pull['kind']:5s} "
+                  f"{pull['bytes']:12,d} {pull['fetch_s']:8.3f} {pull['apply_s']:8.3f} "
+                  f"{pull['total_s']:8.3f} | {bound:8.3f}  "
+                  f"{'pass' if pull['fetch_s'] <= bound else 'FAIL':>12s}  "
+                  f"{'pass' if pull['total_s'] <= bound else 'FAIL':>12s}")
+    print("   version | delta/full bytes | full/delta: fetch  total (target >= 5x when <= 10 %) "
+          "| service notify s (kind)")
     for row, (full, delta) in zip(b["rows"], b["pulls"], strict=True):
-        f_s, d_s = full["http_s"] + full["apply_s"], delta["http_s"] + delta["apply_s"]
-        print(f"   {full['version']:7d}  {delta['changed']:7.2%}  | {full['bytes']:11,d} "
-              f"{full['http_s']:7.3f} {full['apply_s']:8.3f} | {delta['bytes']:11,d} "
-              f"{delta['http_s']:7.3f} {delta['apply_s']:7.3f} | "
-              f"{delta['bytes'] / full['bytes']:16.3f} "
-              f"{d_s / f_s:8.2f} | {row['transfer_seconds']:.3f} ({row['transfer_kind']})")
+        fraction = delta["bytes"] / full["bytes"]
+        ratio = full["total_s"] / delta["total_s"]
+        verdict = ("n/a: delta > 10 %" if fraction > 0.10
+                   else "pass" if ratio >= 5 else "FAIL")
+        fetch_ratio = full["fetch_s"] / delta["fetch_s"]
+        print(f"   {full['version']:7d} | {fraction:16.3f} | {fetch_ratio:17.1f}x {ratio:5.1f}x  "
+              f"{verdict:28s} | {row['transfer_seconds']:.3f} ({row['transfer_kind']})")
 
 
 if __name__ == "__main__":

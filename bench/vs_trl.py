@@ -24,10 +24,11 @@ GRPOTrainer. Each run stops when the mean reward of its last 1,280 episodes reac
 wall-clock cap (180 s for digit, 120 s for sum; `--cap`). Times count from the start of training,
 models already loaded.
 
-Threads: astranb's Session gives its engine thread and its trainer thread one torch thread each
-on 2 cores, and the TRL process gets one as well (`--trl-threads`; 0 keeps torch's default, all
-cores). With two, TRL's steps were ~30% faster while the machine was quiet, but at times when
-other processes kept the cores busy they stalled, up to 30x slower.
+Threads: astranb's Session (defaults) trains in a child process with one torch thread and
+samples in an engine thread with one, on 2 cores; the TRL process gets one torch thread as well
+(`--trl-threads`; 0 keeps torch's default, all cores). With two, TRL's steps were ~30% faster
+while the machine was quiet, but at times when other processes kept the cores busy they stalled,
+up to 30x slower.
 
 TRL is not a dependency of the project, so it runs in its own virtual environment,
 bench/.venv-trl, which this script creates on first use; the project's .venv stays as `make setup`
@@ -428,7 +429,8 @@ def _setup_text(results: dict, load: tuple, seconds: float) -> list[str]:
     loads = sorted(r["load"] for r in runs) or [0.0]
     return [
         f"astranb {ab.__version__} (transformers {transformers.__version__}, torch "
-        f"{torch.__version__}; Session defaults: engine and trainer threads with "
+        f"{torch.__version__}; Session defaults: the trainer in a child process "
+        f"(trainer='process'), the engine in a thread of the notebook's process, "
         f"{max(1, (os.cpu_count() or 2) // 2)} torch thread(s) each); {trl}. "
         f"{os.cpu_count()} CPU cores shared with other work: load average {load[0]:.2f} "
         f"before the benchmark, {loads[0]:.1f} to {loads[-1]:.1f} at the ends of runs. Whole "

@@ -10,14 +10,15 @@ simulator runs on trio) an anyio task group does the same job.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 
 __all__ = ["run_all"]
 
 
-async def run_all(jobs: Sequence[Callable[[], Awaitable[object]]]) -> None:
+async def run_all(jobs: Sequence[Callable[[], Coroutine[Any, Any, object]]]) -> None:
     """Run every job concurrently and return when all have finished.
 
     As in a task group, the first job to raise cancels the others (they are awaited before the

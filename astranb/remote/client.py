@@ -4,11 +4,18 @@ Every call carries the bearer token, speaks msgpack, and turns failures into two
 can act on: `ServiceUnavailable` (nothing answered: dead, restarting, network) and `ServiceError`
 (it answered with an error; the message is the service's own, which says what was wrong).
 Clients take an injectable httpx transport, so tests can drive an app in-process.
+
+Weight payloads (tens to thousands of MB) are read by `get_octets`, which puts the body straight
+into one buffer, instead of httpx's 64 KB chunks joined at the end (2-3x the time on loopback).
 """
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 
@@ -16,7 +23,135 @@ from ..errors import ServiceError, ServiceUnavailable
 from ..types import Batch
 from .serialize import JSON, MSGPACK, OCTETS, batch_to_bytes, pack, unpack
 
-__all__ = ["ServiceError", "ServiceUnavailable", "RolloutClient", "TrainerClient"]
+__all__ = ["ServiceError", "ServiceUnavailable", "RolloutClient", "TrainerClient", "get_octets"]
+
+_HEAD_LIMIT = 1 << 16  # bytes of status line and headers accepted
+_BODY_LIMIT = 1 << 38  # a body claiming more (256 GiB) is refused before allocating
+
+
+class _Answer(asyncio.BufferedProtocol):
+    """One HTTP/1.1 answer read off its own connection: the head into a small buffer, then a body
+    of Content-Length bytes straight into one buffer of that size."""
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.done = done
+        self.scratch = memoryview(bytearray(1 << 16))
+        self.head = bytearray()
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body: bytearray | None = None
+        self.view = memoryview(b"")
+        self.got = 0
+        self.odd = False  # an answer get_octets leaves to httpx (no Content-Length, chunked)
+        self.progress = False  # bytes arrived since the caller last looked
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.body is not None and self.got < len(self.view):
+            return self.view[self.got:]
+        return self.scratch  # the head, or bytes past the body (ignored)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.progress = True
+        if self.done.done():
+            return
+        if self.body is not None:
+            self.got += nbytes
+            if self.got >= len(self.view):
+                self.done.set_result(None)
+            return
+        self.head += self.scratch[:nbytes]
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > _HEAD_LIMIT:
+                self.done.set_exception(ConnectionError("the answer's head is too long"))
+            return
+        try:
+            lines = self.head[:end].decode("latin-1").split("\r\n")
+            self.status = int(lines[0].split(" ", 2)[1])
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                self.headers[name.strip().lower()] = value.strip()
+            length = int(self.headers["content-length"])
+        except (ValueError, IndexError, KeyError):
+            length = -1
+        if length > _BODY_LIMIT:
+            self.done.set_exception(ConnectionError(
+                f"the answer claims {length} bytes, more than the {_BODY_LIMIT} accepted"))
+            return
+        if length < 0 or "transfer-encoding" in self.headers:
+            self.odd = True
+            self.done.set_result(None)
+            return
+        rest = self.head[end + 4 : end + 4 + length]
+        self.body = bytearray(length)
+        self.view = memoryview(self.body)
+        self.view[: len(rest)] = rest
+        self.got = len(rest)
+        if self.got >= length:
+            self.done.set_result(None)
+
+    def eof_received(self) -> bool:
+        self.connection_lost(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc or ConnectionError(
+                "the connection closed before the whole answer arrived"))
+
+
+async def get_octets(url: str, params: Mapping[str, Any] | None = None,
+                     headers: Mapping[str, str] | None = None, *,
+                     timeout: float = 600.0) -> tuple[int, str, bytes] | None:
+    """GET `url` on a connection of its own, reading a Content-Length body into one buffer.
+
+    Returns (status, content type, body), or None where this path does not apply and the caller
+    should use httpx: not on an asyncio loop, not plain http, a proxy configured for the host,
+    credentials in the URL, header values httpx would refuse, or an answer without a
+    Content-Length. Raises OSError when nothing (or not all) came back, TimeoutError when
+    connecting, or a wait for the next bytes, took longer than `timeout` seconds (as httpx's).
+    """
+    parts = urlsplit(url)
+    host = parts.hostname
+    if parts.scheme != "http" or not host or parts.username is not None:
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio, or no loop
+        return None
+    proxies = urllib.request.getproxies()
+    if (proxies.get("http") or proxies.get("all")) and not urllib.request.proxy_bypass(host):
+        return None
+    fields = dict(headers or {})
+    if any(c in f"{k}{v}" for k, v in fields.items() for c in "\r\n\0"):
+        return None
+    query = "&".join(q for q in (parts.query, urlencode(params or {})) if q)
+    target = (parts.path or "/") + (f"?{query}" if query else "")
+    authority = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        authority += f":{parts.port}"
+    fields = {"host": authority, "accept": OCTETS, **fields, "connection": "close"}
+    request = f"GET {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+    done: asyncio.Future[None] = loop.create_future()
+    async with asyncio.timeout(timeout):
+        transport, answer = await loop.create_connection(lambda: _Answer(done), host,
+                                                         parts.port or 80)
+    try:
+        transport.write((request + "\r\n").encode("latin-1"))
+        while not done.done():
+            answer.progress = False
+            await asyncio.wait([done], timeout=timeout)
+            if not done.done() and not answer.progress:
+                raise TimeoutError(f"no bytes from {url} for {timeout} s")
+        done.result()
+    finally:
+        if not done.done():  # timed out or cancelled: the closing connection reports to nobody
+            done.cancel()
+        transport.close()
+    if answer.odd or answer.body is None:
+        return None
+    kind = answer.headers.get("content-type", JSON).split(";")[0].strip()
+    return answer.status, kind, bytes(answer.body)
 
 
 class _Client:
@@ -26,6 +161,7 @@ class _Client:
         headers = {"accept": f"{MSGPACK}, {JSON}"}
         if token:
             headers["authorization"] = f"Bearer {token}"
+        self._headers, self._timeout, self._transport = headers, timeout, transport
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
                                        transport=transport)
 
@@ -47,13 +183,32 @@ class _Client:
         except (httpx.TransportError, OSError) as error:
             raise ServiceUnavailable(f"{self.url}{path}: {type(error).__name__}: {error}") from None
         kind = answer.headers.get("content-type", JSON).split(";")[0]
-        if answer.status_code >= 400:
+        return self._answer(path, answer.status_code, kind, answer.content, answer.text)
+
+    async def get_payload(self, path: str, params: dict | None = None) -> Any:
+        """A GET whose answer is large (weights): read by `get_octets` unless a test transport is
+        injected or that path does not apply; answered as `request` answers."""
+        if self._transport is None:
             try:
-                message = unpack(answer.content, kind).get("error") or answer.text
+                got = await get_octets(f"{self.url}{path}", params, self._headers,
+                                       timeout=self._timeout)
+            except (OSError, TimeoutError) as error:
+                raise ServiceUnavailable(
+                    f"{self.url}{path}: {type(error).__name__}: {error}") from None
+            if got is not None:
+                status, kind, content = got
+                return self._answer(path, status, kind, content,
+                                    content.decode("utf-8", "replace") if status >= 400 else "")
+        return await self.request("GET", path, params=params)
+
+    def _answer(self, path: str, status: int, kind: str, content: bytes, text: str) -> Any:
+        if status >= 400:
+            try:
+                message = unpack(content, kind).get("error") or text
             except (ValueError, AttributeError):
-                message = answer.text[:500]
-            raise ServiceError(f"{self.url}{path}", answer.status_code, str(message))
-        return answer.content if kind == OCTETS else unpack(answer.content, kind)
+                message = text[:500]
+            raise ServiceError(f"{self.url}{path}", status, str(message))
+        return content if kind == OCTETS else unpack(content, kind)
 
     async def health(self, timeout: float = 2.0) -> bool:
         try:
@@ -118,7 +273,7 @@ class TrainerClient(_Client):
                       have_checksum: int | None = None) -> bytes:
         pairs = (("have_version", have_version), ("have_checksum", have_checksum))
         params = {k: v for k, v in pairs if v is not None}
-        return await self.request("GET", f"/v1/weights/{policy}", params=params)
+        return await self.get_payload(f"/v1/weights/{policy}", params)
 
     async def checkpoint(self, policy: str) -> int:
         return int((await self.request("POST", f"/v1/checkpoint/{policy}"))["version"])

@@ -135,14 +135,21 @@ class ProcessTrainer:
         answer, _ = self._call(header)
         self.version: int = int(answer["version"])
         self.checksum: int | None = answer["checksum"]
+        self.snapshot: tuple[int, bytes, dict[str, Any]] | None = None
+        """(version, full snapshot payload, publish stats) sent with the last step's reply."""
 
     # -- Trainer ----------------------------------------------------------------------------------
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on `batch` in the child; its metrics (plus `trainer_seconds`)."""
+        """One optimizer step on `batch` in the child; its metrics (plus `trainer_seconds`).
+
+        The reply also brings the new weights as a full snapshot (`snapshot`), so publishing
+        them needs no further call: the next step may start at once."""
         start = time.perf_counter()
-        answer, _ = self._call({"op": "step"}, batch_to_bytes(batch))
+        answer, payload = self._call({"op": "step"}, batch_to_bytes(batch))
         self.version = int(answer["version"])
+        self.checksum = answer["checksum"]
+        self.snapshot = (self.version, payload, answer["stats"])
         metrics = dict(answer["metrics"])
         metrics["trainer_seconds"] = answer["seconds"]
         metrics["trainer_call_seconds"] = time.perf_counter() - start
@@ -244,10 +251,15 @@ class ProcessTrainer:
 
 
 class ProcessPublisher:
-    """Publishes a ProcessTrainer's weights to an engine in this process: the child encodes
-    (bf16 deltas, full snapshots every `full_every` versions), the engine applies and checks."""
+    """Publishes a ProcessTrainer's weights to an engine in this process: the child sends a full
+    bf16 snapshot with each step's reply; the engine applies and checks it.
+
+    `overlaps_next_step`: the weights of a version are already in this process when `publish`
+    starts, so the train loop may send the next step to the child while the engine applies them.
+    """
 
     where = "this process"
+    overlaps_next_step = True
 
     def __init__(self, engine: Any, trainer: ProcessTrainer):
         self.engine, self.trainer = engine, trainer
@@ -265,8 +277,14 @@ class ProcessPublisher:
         import asyncio
 
         engine, version, stats = self.engine, self.trainer.version, {}
+        snapshot = self.trainer.snapshot
+        if snapshot is not None and snapshot[0] != version:
+            snapshot = None  # the trainer moved on (a load): ask for the current weights
 
         async def fetch(full: bool) -> bytes:
+            if snapshot is not None:
+                stats.update(snapshot[2])
+                return snapshot[1]
             payload, found = await anyio.to_thread.run_sync(
                 self.trainer.pull, engine.version, engine.weights_checksum, full)
             stats.update(found)
@@ -320,8 +338,10 @@ class _Child:
     def step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         start = time.perf_counter()
         metrics = self.trainer.step(batch_from_bytes(body))
-        return {"metrics": metrics, "version": self.trainer.version,
-                "seconds": time.perf_counter() - start}, b""
+        seconds = time.perf_counter() - start
+        self._publish()
+        return {"metrics": metrics, "version": self.trainer.version, "seconds": seconds,
+                "checksum": self.store.checksum, "stats": self.stats}, self.store.pull_full()
 
     def sft_step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         metrics = self.trainer.sft_step(batch_from_bytes(body), lr=header.get("lr"))

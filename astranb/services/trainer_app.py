@@ -38,7 +38,7 @@ from ..models import ModelSpec, dtype_for
 from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 from ..training.local import AdamWConfig, LocalTrainer
 from ..weights.store import WeightStore
-from .http import ServiceConfig, reply, service_app
+from .http import ServiceConfig, octets, reply, service_app
 from .rollout_app import NAME, ModelIn
 
 __all__ = ["TrainerConfig", "TrainerBackend", "LocalBackend", "TrainerService", "create_app"]
@@ -300,8 +300,10 @@ def create_app(
     async def get_weights(
         policy: str, have_version: int | None = None, have_checksum: int | None = None
     ) -> Response:
-        payload = service.weights(policy, have_version, have_checksum)
-        return Response(payload, media_type=OCTETS)
+        # off the event loop: the first full snapshot after a publish is encoded here
+        payload = await anyio.to_thread.run_sync(service.weights, policy, have_version,
+                                                 have_checksum)
+        return octets(payload)
 
     @app.post("/v1/checkpoint/{policy}")
     async def checkpoint(policy: str) -> dict:

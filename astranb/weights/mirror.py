@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .codec import BaseMismatch, CorruptPayload, Header, apply, checksum, decode, peek
+from .codec import BaseMismatch, CorruptPayload, Header, _apply, _decode, _open, checksum
 
 __all__ = ["Mirror"]
 
@@ -35,7 +35,7 @@ class Mirror:
             CorruptPayload: the payload or the result failed its hash; the mirror is then marked
                 unknown (it may be half written) and only a full snapshot heals it.
         """
-        header = peek(payload)
+        header, body = _open(payload)  # the one hash of the payload, before anything changes
         if policy is not None and header.policy != policy:
             raise ValueError(
                 f"payload is for policy {header.policy!r}, this engine serves {policy!r}"
@@ -43,14 +43,14 @@ class Mirror:
         if version is not None and header.version != version:
             raise ValueError(f"payload makes version {header.version}, update says {version}")
         if header.kind == "full":
-            self.tensors, self.checksum = decode(None, payload), header.checksum
+            self.tensors, self.checksum = _decode(None, header, body), header.checksum
             return header
         if self.tensors is None:
             raise BaseMismatch(
                 "the engine holds no published weights yet; send a full snapshot first"
             )
         try:
-            apply(self.tensors, payload, base_checksum=self.checksum)
+            _apply(self.tensors, header, body, base_checksum=self.checksum)
         except CorruptPayload:
             self.checksum = None
             raise

@@ -88,7 +88,7 @@ class WeightStore:
             delta = None
             # made even when a full sync is due: it measures the changed fraction for the metrics
             comparable = old is not None and not layout_mismatch(old, new)
-            if comparable and self.deltas and version == old_version + 1:
+            if old is not None and comparable and self.deltas and version == old_version + 1:
                 delta = encode(old, new, policy=self.policy, base_version=old_version,
                                version=version, base_checksum=self._checksum)
             header = peek(delta) if delta else None
