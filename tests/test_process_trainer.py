@@ -129,3 +129,13 @@ def test_the_default_trainer_follows_the_machine_and_the_environment(tmp_path, m
     assert _default_trainer("cuda") == "thread"
     with pytest.raises(ValueError, match="trainer='elsewhere'"):
         ab.Session(tmp_path / "x", trainer="elsewhere")
+
+
+def test_a_warm_start_in_the_child_reaches_the_engine(tmp_path):
+    with ab.Session(tmp_path / "s", trainer="process") as session:
+        policy = session.policy("solver", SPEC, optimizer=ab.AdamWConfig(lr=1e-2))
+        history = policy.sft([("1+1=", "2"), ("2+2=", "4")] * 2, steps=3, batch_size=2,
+                             lr=1e-2, progress=False)
+        assert len(history) == 3 and policy.version == 3
+        assert policy.engine.version == 3
+        assert policy.engine.published_checksum() == policy.weights_checksum

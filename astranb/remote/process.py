@@ -156,8 +156,10 @@ class ProcessTrainer:
         return metrics
 
     def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
-        """One supervised step in the child (see LocalTrainer.sft_step)."""
-        answer, _ = self._call({"op": "sft_step", "lr": lr}, batch_to_bytes(batch))
+        """One supervised step in the child (see LocalTrainer.sft_step), on every core: nothing
+        else runs during a warm start."""
+        header = {"op": "sft_step", "lr": lr, "threads": os.cpu_count() or 1}
+        answer, _ = self._call(header, batch_to_bytes(batch))
         self.version = int(answer["version"])
         return dict(answer["metrics"])
 
@@ -344,7 +346,12 @@ class _Child:
                 "checksum": self.store.checksum, "stats": self.stats}, self.store.pull_full()
 
     def sft_step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
-        metrics = self.trainer.sft_step(batch_from_bytes(body), lr=header.get("lr"))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(int(header.get("threads") or threads))
+        try:
+            metrics = self.trainer.sft_step(batch_from_bytes(body), lr=header.get("lr"))
+        finally:
+            torch.set_num_threads(threads)
         return {"metrics": metrics, "version": self.trainer.version}, b""
 
     def pull(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:

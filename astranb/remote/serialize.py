@@ -171,7 +171,14 @@ _OPTIONAL = ("top_p_B",)  # added later: a client that does not send it sampled 
 
 def batch_to_bytes(batch: Batch, **metadata: str) -> bytes:
     """A Batch as one safetensors blob (plus string metadata such as the policy name)."""
-    tensors = {name: getattr(batch, name).detach().cpu().contiguous() for name in _BATCH_FIELDS}
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name in _BATCH_FIELDS:
+        tensor = getattr(batch, name).detach().cpu().contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:  # safetensors refuses shared storage
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
     return st_save(tensors, metadata={k: str(v) for k, v in metadata.items()})
 
 
