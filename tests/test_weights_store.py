@@ -81,3 +81,18 @@ def test_pull_before_publish_and_bad_settings():
         WeightStore("p").pull()
     with pytest.raises(ValueError, match="full_every must be >= 0"):
         WeightStore("p", full_every=-1)
+
+
+def test_a_store_without_deltas_measures_the_changed_bits_itself():
+    from astranb.weights.codec import changed_fraction
+
+    old = {"a": torch.tensor([1.0, 2.0, 0.0, 4.0]), "b": torch.zeros(4)}
+    new = {"a": torch.tensor([1.0, 2.5, -0.0, 4.0]), "b": torch.zeros(4)}
+    # 2.0 -> 2.5 and 0.0 -> -0.0 (other bits, same value): 2 of 8 elements
+    assert changed_fraction(old, new) == 2 / 8
+    store = WeightStore("p", deltas=False)
+    store.publish(0, old)
+    base = store.checksum
+    stats = store.publish(1, new)
+    assert stats.delta_bytes == 0 and stats.changed_fraction == 2 / 8
+    assert peek(store.pull(0, base)).kind == "full"  # the receiver holds exactly version 0

@@ -8,6 +8,7 @@ makes `max_staleness=0` fully synchronous.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,8 @@ class TrainLoop:
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
         self.published = self.policy.version
-        self._publishing: Any = None  # the previous step's publish, when it overlaps this step
+        # the previous step's publish, when it overlaps this step
+        self._publishing: asyncio.Future[dict[str, Any]] | None = None
 
     async def run(self) -> None:
         try:
@@ -197,8 +199,6 @@ def _pad_id(policy: PolicyHandle) -> int:
     return pad if pad is not None else (policy.tokenizer.eos_token_id or 0)
 
 
-def _start(job: Callable[[], Awaitable[Any]]) -> Any:
+def _start(job: Callable[[], Awaitable[dict[str, Any]]]) -> asyncio.Future[dict[str, Any]]:
     """Run `job` in the background: an asyncio task (awaited later by `_finish_publishing`)."""
-    import asyncio
-
     return asyncio.ensure_future(job())

@@ -148,7 +148,7 @@ class EpisodeContext:
         """
         policy = self._policy(role)
         if isinstance(prompt, str):
-            prompt_ids = _encode(policy.tokenizer, prompt)
+            prompt_ids = _cached(_encode, policy.tokenizer, prompt)
         else:
             prompt_ids = tuple(int(t) for t in prompt)
         return await self._sample(role, policy, prompt_ids, sampling)
@@ -324,16 +324,18 @@ class EpisodeContext:
             ) from None
 
     def _sampling(self, policy: PolicyHandle, overrides: Mapping[str, Any]) -> SamplingParams:
-        try:
-            eos = _eos_id(policy.tokenizer)
-        except TypeError:  # an unhashable tokenizer: read it every time
-            eos = policy.tokenizer.eos_token_id
-        try:
-            return _sampling_params(self.env.sampling, tuple(sorted(overrides.items())), eos)
-        except TypeError as error:
-            if "unhashable" not in str(error):
-                raise
-        return _sampling_params.__wrapped__(self.env.sampling, tuple(overrides.items()), eos)
+        eos = _cached(_eos_id, policy.tokenizer)
+        return _cached(_sampling_params, self.env.sampling, tuple(sorted(overrides.items())), eos)
+
+
+def _cached(function: Any, *args: Any) -> Any:
+    """`function(*args)` through its lru_cache, or uncached when an argument cannot be hashed (a
+    stop-token list among the overrides, a tokenizer that defines __eq__ without __hash__)."""
+    try:
+        hash(args)
+    except TypeError:
+        return function.__wrapped__(*args)
+    return function(*args)
 
 
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -342,8 +344,8 @@ _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 @functools.lru_cache(maxsize=4096)
 def _sampling_params(base: SamplingParams, overrides: tuple[tuple[str, Any], ...],
                      eos: int | None) -> SamplingParams:
-    """The environment's defaults with a call's overrides, stopping at EOS. Cached: every episode
-    of a run asks for the same few combinations (unhashable overrides skip the cache)."""
+    """The environment's defaults with a call's overrides, stopping at EOS. Cached (through
+    `_cached`): every episode of a run asks for the same few combinations."""
     unknown = {name for name, _ in overrides} - _SAMPLING_FIELDS
     if unknown:
         raise TypeError(

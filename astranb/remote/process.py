@@ -25,6 +25,7 @@ never the event loop (the train loop calls from a worker thread).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -46,7 +47,8 @@ from ..algorithms.config import Algorithm, algorithm_from_dict, algorithm_to_dic
 from ..errors import AstranbError
 from ..models import ModelSpec
 from ..types import Batch, WeightUpdate
-from ..weights.publish import deliver
+from ..weights.publish import apply_to_engine, deliver, transfer_metrics
+from ..weights.store import PublishStats
 from .serialize import batch_from_bytes, batch_to_bytes, spec_from_wire, spec_to_wire
 
 __all__ = ["ProcessTrainer", "ProcessPublisher", "TrainerProcessError"]
@@ -114,8 +116,6 @@ class ProcessTrainer:
     def __init__(self, name: str, spec: ModelSpec, algorithm: Algorithm, optimizer: Any, *,
                  threads: int = 1, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  full_every: int = 10, log: str | os.PathLike | None = None):
-        import dataclasses
-
         self.name = name
         self.log = Path(log) if log is not None else None
         self._lock = threading.Lock()
@@ -135,7 +135,7 @@ class ProcessTrainer:
         answer, _ = self._call(header)
         self.version: int = int(answer["version"])
         self.checksum: int | None = answer["checksum"]
-        self.snapshot: tuple[int, bytes, dict[str, Any]] | None = None
+        self.snapshot: tuple[int, bytes, PublishStats] | None = None
         """(version, full snapshot payload, publish stats) sent with the last step's reply."""
 
     # -- Trainer ----------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class ProcessTrainer:
         answer, payload = self._call({"op": "step"}, batch_to_bytes(batch))
         self.version = int(answer["version"])
         self.checksum = answer["checksum"]
-        self.snapshot = (self.version, payload, answer["stats"])
+        self.snapshot = (self.version, payload, PublishStats(**answer["stats"]))
         metrics = dict(answer["metrics"])
         metrics["trainer_seconds"] = answer["seconds"]
         metrics["trainer_call_seconds"] = time.perf_counter() - start
@@ -169,14 +169,14 @@ class ProcessTrainer:
         return dict(st_load(body))
 
     def pull(self, have_version: int | None, have_checksum: int | None,
-             full: bool = False) -> tuple[bytes, dict[str, Any]]:
+             full: bool = False) -> tuple[bytes, PublishStats]:
         """The payload that brings a receiver holding (version, checksum) to the child's current
         weights (published into its store first), and the publish stats."""
         header = {"op": "pull", "have_version": have_version, "have_checksum": have_checksum,
                   "full": full}
         answer, body = self._call(header)
         self.checksum = answer["checksum"]
-        return body, answer["stats"]
+        return body, PublishStats(**answer["stats"])
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write weights, optimizer state and version (LocalTrainer's format)."""
@@ -276,37 +276,26 @@ class ProcessPublisher:
                                                 payload=payload)).result()
 
     async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
-        import asyncio
-
-        engine, version, stats = self.engine, self.trainer.version, {}
+        engine, version = self.engine, self.trainer.version
         snapshot = self.trainer.snapshot
         if snapshot is not None and snapshot[0] != version:
             snapshot = None  # the trainer moved on (a load): ask for the current weights
+        found: list[PublishStats] = []
 
         async def fetch(full: bool) -> bytes:
-            if snapshot is not None:
-                stats.update(snapshot[2])
+            if snapshot is not None and not full:
+                found.append(snapshot[2])
                 return snapshot[1]
-            payload, found = await anyio.to_thread.run_sync(
+            payload, stats = await anyio.to_thread.run_sync(
                 self.trainer.pull, engine.version, engine.weights_checksum, full)
-            stats.update(found)
+            found.append(stats)
             return payload
 
         async def apply(payload: bytes) -> dict[str, Any]:
-            update = WeightUpdate(name, version, payload=payload)
-            return dict(await asyncio.wrap_future(engine.update_weights(update)))
+            return await apply_to_engine(engine, name, version, payload)
 
         payload, applied, fallback = await deliver(fetch, apply)
-        return {
-            "transfer_kind": applied["kind"],
-            "transfer_bytes": len(payload),
-            "transfer_ratio": len(payload) / max(stats.get("full_bytes", 0), 1),
-            "changed_fraction": stats.get("changed_fraction", 1.0),
-            "encode_seconds": stats.get("encode_seconds", 0.0),
-            "decode_seconds": applied["apply_seconds"],
-            "transfer_fallback": fallback,
-            "weights_checksum": self.trainer.checksum,
-        }
+        return transfer_metrics(payload, applied, fallback, found[-1], self.trainer.checksum)
 
 
 # -- the child ------------------------------------------------------------------------------------
@@ -375,9 +364,8 @@ class _Child:
         return {"version": self.trainer.version}, b""
 
     def _publish(self) -> None:
-        stats = self.store.publish(self.trainer.version, self.trainer.weights())
-        self.stats = {"changed_fraction": stats.changed_fraction,
-                      "full_bytes": stats.full_bytes, "encode_seconds": stats.encode_seconds}
+        self.stats = dataclasses.asdict(
+            self.store.publish(self.trainer.version, self.trainer.weights()))
 
 
 def main() -> int:

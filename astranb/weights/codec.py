@@ -48,6 +48,7 @@ __all__ = [
     "Header",
     "encode",
     "encode_full",
+    "changed_fraction",
     "decode",
     "apply",
     "peek",
@@ -564,6 +565,14 @@ def layout_mismatch(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Ten
             return (f"{name}: old is {a.dtype}{tuple(a.shape)}, new is {b.dtype}{tuple(b.shape)}; "
                     "a delta needs the same layout: send a full snapshot (encode_full)")
     return None
+
+
+def changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """Fraction of elements whose bits differ between two same-layout weight sets: what a delta
+    between them would carry (`encode` compares the same raw bits)."""
+    _check_same_layout(old, new)
+    changed = sum(int(np.count_nonzero(_bits(old[n]) != _bits(new[n]))) for n in new)
+    return changed / max(sum(t.numel() for t in new.values()), 1)
 
 
 def _check_same_layout(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> None:

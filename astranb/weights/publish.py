@@ -15,7 +15,7 @@ Publishers satisfy `astranb.contracts.Publisher`:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -23,9 +23,9 @@ import anyio
 from ..contracts import Engine, Trainer
 from ..types import WeightUpdate
 from .codec import WeightTransferError
-from .store import WeightStore
+from .store import PublishStats, WeightStore
 
-__all__ = ["deliver", "EnginePublisher", "StatePublisher"]
+__all__ = ["deliver", "apply_to_engine", "transfer_metrics", "EnginePublisher", "StatePublisher"]
 
 R = TypeVar("R")
 
@@ -58,6 +58,27 @@ async def deliver(
         reason = str(error)
     payload = await fetch(True)
     return payload, await apply(payload), reason
+
+
+async def apply_to_engine(engine: Any, name: str, version: int, payload: bytes) -> dict[str, Any]:
+    """Hand a payload to an engine in this process; its answer ({"kind", "apply_seconds"})."""
+    update = WeightUpdate(name, version, payload=payload)
+    return dict(await asyncio.wrap_future(engine.update_weights(update)))
+
+
+def transfer_metrics(payload: bytes, applied: Mapping[str, Any], fallback: str,
+                     stats: PublishStats, checksum: int | None) -> dict[str, Any]:
+    """The metrics row's columns for one version published to an engine in this process."""
+    return {
+        "transfer_kind": applied["kind"],
+        "transfer_bytes": len(payload),
+        "transfer_ratio": len(payload) / max(stats.full_bytes, 1),
+        "changed_fraction": stats.changed_fraction,
+        "encode_seconds": stats.encode_seconds,
+        "decode_seconds": applied["apply_seconds"],
+        "transfer_fallback": fallback,
+        "weights_checksum": checksum,
+    }
 
 
 class EnginePublisher:
@@ -98,20 +119,10 @@ class EnginePublisher:
             return self.store.pull(engine.version, engine.weights_checksum)
 
         async def apply(payload: bytes) -> dict[str, Any]:
-            update = WeightUpdate(name, version, payload=payload)
-            return dict(await asyncio.wrap_future(engine.update_weights(update)))
+            return await apply_to_engine(engine, name, version, payload)
 
         payload, applied, fallback = await deliver(fetch, apply)
-        metrics: dict[str, Any] = {
-            "transfer_kind": applied["kind"],
-            "transfer_bytes": len(payload),
-            "transfer_ratio": len(payload) / stats.full_bytes,
-            "changed_fraction": stats.changed_fraction,
-            "encode_seconds": stats.encode_seconds,
-            "decode_seconds": applied["apply_seconds"],
-            "transfer_fallback": fallback,
-            "weights_checksum": self.store.checksum,
-        }
+        metrics = transfer_metrics(payload, applied, fallback, stats, self.store.checksum)
         if self.verify:
             metrics["engine_checksum"] = await anyio.to_thread.run_sync(engine.published_checksum)
         return metrics

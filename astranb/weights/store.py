@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codec import Header, checksum, encode, encode_full, layout_mismatch, peek
+from .codec import Header, changed_fraction, checksum, encode, encode_full, layout_mismatch, peek
 
 __all__ = ["WeightStore", "PublishStats"]
 
@@ -87,13 +87,13 @@ class WeightStore:
             old, old_version = self._weights, self._version
             delta = None
             # made even when a full sync is due: it measures the changed fraction for the metrics
-            comparable = old is not None and not layout_mismatch(old, new)
-            if old is not None and comparable and self.deltas and version == old_version + 1:
-                delta = encode(old, new, policy=self.policy, base_version=old_version,
+            comparable = old if old is not None and not layout_mismatch(old, new) else None
+            if comparable is not None and self.deltas and version == old_version + 1:
+                delta = encode(comparable, new, policy=self.policy, base_version=old_version,
                                version=version, base_checksum=self._checksum)
             header = peek(delta) if delta else None
             changed = (header.changed / max(header.elements, 1) if header
-                       else _changed_fraction(old, new) if comparable and old is not None
+                       else changed_fraction(comparable, new) if comparable is not None
                        else 1.0)
             self._weights, self._version, self._full = new, version, None
             self._delta, self._delta_header = delta, header
@@ -121,16 +121,3 @@ class WeightStore:
 
     def _full_sync_due(self) -> bool:
         return self.full_every > 0 and self._version % self.full_every == 0
-
-
-
-def _changed_fraction(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
-    """Fraction of elements whose bits differ between two same-layout weight sets."""
-    changed = elements = 0
-    for name, tensor in new.items():
-        a, b = old[name].reshape(-1), tensor.reshape(-1)
-        if a.element_size() == 2:  # compare bits, as the codec does (-0.0 != 0.0, NaN == NaN)
-            a, b = a.view(torch.int16), b.view(torch.int16)
-        changed += int((a != b).sum())
-        elements += b.numel()
-    return changed / max(elements, 1)
