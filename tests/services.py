@@ -21,7 +21,8 @@ TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA
 
 
 class Switchable(httpx.AsyncBaseTransport):
-    """An ASGI transport that can be 'killed': while down, every request fails to connect."""
+    """An ASGI transport that can be 'killed': while down, every request fails to connect, and an
+    answer that arrives after it went down is dropped (the link died while the request was out)."""
 
     def __init__(self, app):
         self.inner = httpx.ASGITransport(app)
@@ -30,7 +31,11 @@ class Switchable(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request):
         if self.down:
             raise httpx.ConnectError("service is down (test)", request=request)
-        return await self.inner.handle_async_request(request)
+        response = await self.inner.handle_async_request(request)
+        if self.down:
+            await response.aclose()
+            raise httpx.ReadError("service went down while answering (test)", request=request)
+        return response
 
 
 def in_process_services(session_factory, rollouts=2, trainer=True, engine="hf", **rollout_kw):

@@ -204,12 +204,17 @@ def test_a_rollout_service_that_goes_silent_loses_no_episode(tmp_path):
         session.wire(SlowCountA(), solver=policy)  # services build it by name: SlowCountA()
         run = session.train(steps=12, batch_size=16, group_size=4, max_staleness=2)
         r0 = session._pool.members["http://r0"]
+
+        def silence_r0_while_it_holds_work() -> bool:  # on the session's loop: no pull between
+            if len(run.metrics) >= 2 and r0.inflight:
+                transports["http://r0"].down = True  # r0 no longer answers: its work moves to r1
+            return transports["http://r0"].down
+
         # wait for r0 to hold episodes: a slow trainer can leave the staleness gate closed
         deadline = time.monotonic() + 60
-        while (len(run.metrics) < 2 or not r0.inflight) and time.monotonic() < deadline:
+        while not session._loop().call(silence_r0_while_it_holds_work):
+            assert time.monotonic() < deadline, "r0 never held episodes in flight"
             time.sleep(0.01)
-        assert r0.inflight, "r0 never held episodes in flight"
-        transports["http://r0"].down = True  # r0 no longer answers: its episodes move to r1
         run.wait(progress=False)
         books = run.accounting
         assert books["lost"] == 0 and books["trained_twice"] == 0
