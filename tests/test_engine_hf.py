@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from astranb import models
-from astranb.engines import HFEngine, RolloutEngine
+from astranb.engines import HFEngine, RolloutEngine, _kvbatch
+from astranb.engines._kvbatch import SlotKV
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
 
 SPEC = models.tiny(hidden_size=64, num_layers=2, initializer_range=0.3)
@@ -47,16 +48,16 @@ class _StepPauser:
 
     def __init__(self, engine: HFEngine, monkeypatch) -> None:
         self.engine, self.at = engine, None
-        forward = engine._model.forward
+        decode = SlotKV.decode
 
-        def hooked(*args, **kwargs):
+        def hooked(kv, *args, **kwargs):
             # Set during the forward of step `at`: the worker finishes that step, then holds.
             if self.at is not None and engine.stats().steps >= self.at - 1:
                 self.at = None
                 engine.pause(wait=False)
-            return forward(*args, **kwargs)
+            return decode(kv, *args, **kwargs)
 
-        monkeypatch.setattr(engine._model, "forward", hooked)
+        monkeypatch.setattr(SlotKV, "decode", hooked)
 
     def run_until(self, step: int) -> None:
         """Resume, and return once the engine has paused itself after `step` decode steps."""
@@ -260,16 +261,16 @@ def test_bad_update_fails_clearly_and_engine_keeps_serving():
 def test_worker_errors_fail_requests_and_engine_recovers(monkeypatch):
     with HFEngine(SPEC, max_batch_size=2) as engine:
         engine.generate_many([_request(3, 2)])  # worker running
-        real_forward = engine._model.forward
+        real_prefill = _kvbatch._prefill
         calls = {"n": 0}
 
         def flaky(*args, **kwargs):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("boom")
-            return real_forward(*args, **kwargs)
+            return real_prefill(*args, **kwargs)
 
-        monkeypatch.setattr(engine._model, "forward", flaky)
+        monkeypatch.setattr(_kvbatch, "_prefill", flaky)
         with pytest.raises(RuntimeError, match="boom"):
             engine.generate_many([_request(3, 5)])
         assert len(engine.generate_many([_request(3, 5)])[0].completion_ids) == 5

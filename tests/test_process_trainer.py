@@ -6,6 +6,7 @@ reach the engine bit-exact, errors that name what went wrong, a dead child that 
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 
@@ -14,7 +15,7 @@ import torch
 
 import astranb as ab
 from astranb.dataflow.batcher import build_batch
-from astranb.remote.process import ProcessTrainer, TrainerProcessError
+from astranb.remote.process import ProcessTrainer, TrainerProcessError, _read, _write
 from astranb.training.local import LocalTrainer
 from tests.test_dataflow import group
 
@@ -139,3 +140,28 @@ def test_a_warm_start_in_the_child_reaches_the_engine(tmp_path):
         assert len(history) == 3 and policy.version == 3
         assert policy.engine.version == 3
         assert policy.engine.published_checksum() == policy.weights_checksum
+
+
+class _Trickle(io.RawIOBase):
+    """A pipe end whose writes take at most a few bytes, as a write interrupted by a signal
+    does; reads hand back what was written."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.data = most, bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        taken = bytes(b[: self.most])
+        self.data += taken
+        return len(taken)
+
+
+def test_frames_survive_writes_that_take_only_part_of_a_buffer():
+    header, body = {"op": "step", "note": "x" * 300}, bytes(range(256)) * 40
+    for most in (1, 7, 4096):
+        pipe = _Trickle(most)
+        _write(pipe, header, body)
+        assert _read(io.BytesIO(bytes(pipe.data))) == (header, body)
+    assert _read(io.BytesIO(bytes(pipe.data)[:-1])) is None  # a cut frame reads as the end

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import astranb as ab
 from astranb.dataflow.orchestrator import EpisodesKeepFailing
+from astranb.engines._kvbatch import SlotKV
 from tests.envs import AlwaysFails, CountA, Flaky, TwoRoles
 
 
@@ -83,18 +84,17 @@ def test_no_trained_sample_exceeds_max_staleness(tmp_path_factory, max_staleness
     assert (df["staleness_max"] <= max_staleness).all()
 
 
-def test_generations_span_weight_updates_and_stay_within_bound(tmp_path):
+def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeypatch):
     """Generation made slower than a train step: the groups admitted after a publish are still
     decoding when the next step publishes, so their completions carry two versions."""
     session, policy = make_session(tmp_path, env=CountA(max_new_tokens=48))
-    model = policy.engine._model
-    forward = model.forward
+    decode = SlotKV.decode
 
-    def slow_forward(*args, **kwargs):
+    def slow_decode(*args, **kwargs):
         time.sleep(0.003)
-        return forward(*args, **kwargs)
+        return decode(*args, **kwargs)
 
-    model.forward = slow_forward
+    monkeypatch.setattr(SlotKV, "decode", slow_decode)
     with session:
         run = session.train(steps=6, batch_size=8, group_size=4,
                             max_staleness=1).wait(progress=False)

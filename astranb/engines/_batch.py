@@ -52,13 +52,15 @@ class DecodeBatch:
         max_rows: most rows decoding at once.
         device: model device.
         seed: seed of the sampling generator.
+        fast: use the lean forward for models it supports (see `SlotKV`).
     """
 
-    def __init__(self, model, max_rows: int, device: torch.device, seed: int) -> None:
+    def __init__(self, model, max_rows: int, device: torch.device, seed: int,
+                 fast: bool = True) -> None:
         self.model = model
         self.max_rows = max_rows
         self.device = device
-        self.kv = SlotKV(model, max_rows, device)
+        self.kv = SlotKV(model, max_rows, device, fast=fast)
         self.rows: tuple[Row, ...] = ()
         self.prefill_tokens = 0
         self.pending_R = torch.zeros(max_rows, dtype=torch.long, device=device)
@@ -97,7 +99,7 @@ class DecodeBatch:
         sampling = [row.request.sampling for row in rows]
         self.temperature_R[slots] = self._tensor([s.temperature for s in sampling], torch.float32)
         self.top_p_R[slots] = self._tensor([s.top_p for s in sampling], torch.float32)
-        self.prefill_tokens += sum(len(c) for c in cached)
+        self.prefill_tokens += self.kv.computed
         self._set_rows(self.rows + tuple(rows))
         if not sample_now:
             self.pending_R[slots] = self._tensor([row.tokens[-1] for row in rows], torch.long)
@@ -121,17 +123,9 @@ class DecodeBatch:
             (row, finish_reason) for each finished row.
         """
         n = self.kv.n
-        position_ids_B_1, mask_B_W = self.kv.step_inputs()
-        out = self.model(
-            input_ids=self.pending_R[:n].unsqueeze(1),
-            attention_mask=mask_B_W,
-            position_ids=position_ids_B_1,
-            cache=self.kv.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        logits_B_V = self.kv.decode(self.pending_R[:n].unsqueeze(1))
         tokens_B, logp_B = sample(
-            out.logits[:, -1],
+            logits_B_V,
             self.temperature_R[:n],
             self.top_p_R[:n],
             self.generator,

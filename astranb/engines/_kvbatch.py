@@ -12,7 +12,8 @@ between steps: the position of a row's next token is `end - start`.
     row 1 (short) . . . . . b b b |      start 5 (masked before)
 
 Joining requests are prefilled together (right padded, so no query row is ever fully masked and
-no NaN can reach the buffer) and shifted into place; the prefill can also return the logits after
+no NaN can reach the buffer; identical rows, such as a group's samples of one prompt, only once)
+and shifted into place; the prefill can also return the logits after
 each row's last token, so a new request's first token needs no decode step of its own. A leaving
 request's slot is refilled by moving the last row into it, so live rows stay contiguous in [0, n).
 Columns left of every live row's start are simply not shown to the model (the window starts at
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+
+from ._fastlm import FastLM
 
 __all__ = ["SlotKV"]
 
@@ -81,15 +84,20 @@ class SlotKV:
         model: the causal LM (probed once for its per-layer KV shapes).
         max_rows: most rows ever live at once.
         device: where buffers live.
+        fast: run the model through `FastLM` when it supports the model (same logits, far less
+            Python per call); otherwise, or with False, call the model with `SlotCache`.
     """
 
-    def __init__(self, model, max_rows: int, device: torch.device) -> None:
+    def __init__(self, model, max_rows: int, device: torch.device, fast: bool = True) -> None:
         self.model = model
+        self.fast = FastLM.build(model) if fast else None
         self.max_rows = max_rows
         self.device = device
         self.shapes = _probe_kv_shapes(model, device)
         self.n = 0
         """Live rows, always rows [0, n)."""
+        self.computed = 0
+        """Tokens the last `admit` ran through the model (identical rows count once)."""
         self.end = 0
         """Column where the next decode step writes; every live row's data ends just before it."""
         self.starts: list[int] = []
@@ -101,6 +109,7 @@ class SlotKV:
         self.values: list[torch.Tensor] = []
         self._alloc(_MIN_GROWTH)
         self.cache = SlotCache(self, len(self.shapes))
+        self._layers = [_SlotLayer(self, i) for i in range(len(self.shapes))]
 
     # -- geometry ---------------------------------------------------------------------------------
 
@@ -122,6 +131,23 @@ class SlotKV:
         cols_W = self._cols[self.start : self.end + 1]
         mask_B_W = cols_W.unsqueeze(0) >= start_B.unsqueeze(1)
         return position_ids_B_1, mask_B_W
+
+    def decode(self, ids_B_1: torch.Tensor) -> torch.Tensor:
+        """Run one decode step for the live rows (`ids_B_1`: each row's pending token); its
+        keys/values are written at column `end`. Returns the logits [n, vocab]. Call `advance`
+        after it."""
+        position_ids_B_1, mask_B_W = self.step_inputs()
+        if self.fast is not None:
+            return self.fast.decode(ids_B_1, position_ids_B_1, mask_B_W, self)
+        out = self.model(input_ids=ids_B_1, attention_mask=mask_B_W,
+                         position_ids=position_ids_B_1, cache=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def write(self, layer: int, keys: torch.Tensor,
+              values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """FastLM's sink: store a decode step's keys/values, return the layer's live window."""
+        return self._layers[layer].update(keys, values)
 
     def advance(self) -> None:
         """Account for the token column every live row has just written."""
@@ -146,8 +172,21 @@ class SlotKV:
             raise RuntimeError(f"SlotKV holds at most {self.max_rows} rows")
         lengths = [len(c) for c in cached]
         longest = max(lengths, default=0)
-        kv, logits_K_V = _prefill(self.model, cached, self.device, last_logits) if longest else (
-            None, None)
+        kv = logits_K_V = None
+        self.computed = 0
+        if longest:
+            # identical rows (a group's samples of one prompt) are prefilled once and shared
+            unique: dict[tuple[int, ...], int] = {}
+            source_K = [unique.setdefault(tuple(c), len(unique)) for c in cached]
+            distinct = [list(c) for c in unique]
+            kv, logits_U_V = _prefill(self.model, distinct, self.device, last_logits, self.fast)
+            self.computed = sum(len(c) for c in distinct)
+            if len(distinct) < k:
+                source = torch.tensor(source_K, device=self.device)
+                kv = [(keys.index_select(0, source), values.index_select(0, source))
+                      for keys, values in kv]
+                logits_U_V = None if logits_U_V is None else logits_U_V.index_select(0, source)
+            logits_K_V = logits_U_V
         if longest > self.end:
             self._relayout(longest)
         rows = slice(self.n, self.n + k)
@@ -241,7 +280,8 @@ class SlotKV:
 
 
 def _prefill(
-    model, cached: Sequence[Sequence[int]], device, last_logits: bool = False
+    model, cached: Sequence[Sequence[int]], device, last_logits: bool = False,
+    fast: FastLM | None = None,
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
     """Run `cached` through the model right padded; return each layer's (keys, values)
     [K, H, T, D], and with `last_logits` the logits after each row's last token [K, V].
@@ -256,19 +296,23 @@ def _prefill(
         ids_K_T[i, : len(c)] = torch.tensor(c, dtype=torch.long)
     ids_K_T = ids_K_T.to(device)
     position_ids_K_T = torch.arange(longest, device=device).expand(len(cached), -1)
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=ids_K_T,
-        position_ids=position_ids_K_T,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=0 if last_logits else 1,  # 0: every position
-    )
+    if fast is not None:
+        kv, logits_K_T_V = fast.prefill(ids_K_T, position_ids_K_T, all_logits=last_logits)
+    else:
+        cache = DynamicCache(config=model.config)
+        logits_K_T_V = model(
+            input_ids=ids_K_T,
+            position_ids=position_ids_K_T,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=0 if last_logits else 1,  # 0: every position
+        ).logits
+        kv = [_filled(layer) for layer in cache.layers]
     logits_K_V = None
     if last_logits:
         last_K = torch.tensor(lengths, device=device) - 1
-        logits_K_V = out.logits[torch.arange(len(cached), device=device), last_K]
-    return [_filled(layer) for layer in cache.layers], logits_K_V
+        logits_K_V = logits_K_T_V[torch.arange(len(cached), device=device), last_K]
+    return kv, logits_K_V
 
 
 def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:

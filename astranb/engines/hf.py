@@ -53,7 +53,8 @@ class EngineStats:
     tokens_generated: int
     """Tokens sampled so far (all requests)."""
     prefill_tokens: int
-    """Tokens run through prefill so far (joins and re-prefills after updates)."""
+    """Tokens run through prefill so far (joins and re-prefills after updates; requests that join
+    together with the same tokens count once)."""
     active: int
     """Requests in the running batch."""
     queued: int
@@ -75,6 +76,9 @@ class HFEngine:
         seed: seed of the engine's sampling generator.
         version: weight version of the initial weights.
         name: policy name; weight updates for another policy are rejected.
+        fast_forward: run Llama-family models (llama, mistral, qwen2, qwen3) through the engine's
+            own lean forward (engines/_fastlm.py: the same arithmetic, logits equal to the
+            model's to the bit in tests, far less Python per call). False always calls the model.
     """
 
     def __init__(
@@ -87,12 +91,14 @@ class HFEngine:
         seed: int = 0,
         version: int = 0,
         name: str = "policy",
+        fast_forward: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.spec, self.name, self.seed = spec, name, seed
         self.device, self.dtype = torch.device(device), dtype
         self.max_batch_size = max_batch_size
+        self.fast_forward = fast_forward
         self.tokenizer = spec.tokenizer()
         self._model = _build_model(spec, dtype, self.device)
         self.max_context: int | None = getattr(self._model.config, "max_position_embeddings", None)
@@ -300,7 +306,8 @@ class HFEngine:
     def _run(self) -> None:
         try:
             with torch.inference_mode():
-                self._batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed)
+                self._batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed,
+                                          fast=self.fast_forward)
                 while self._wait_for_work():
                     start = time.perf_counter()
                     self._tick()

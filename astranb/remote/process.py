@@ -64,11 +64,19 @@ class TrainerProcessError(AstranbError, RuntimeError):
 
 def _write(stream: IO[bytes], header: Mapping[str, Any], body: bytes = b"") -> None:
     head = json.dumps(header).encode()
-    stream.write(_FRAME.pack(len(head), len(body)))
-    stream.write(head)
-    if body:
-        stream.write(body)
+    for part in (_FRAME.pack(len(head), len(body)), head, body):
+        _all(stream, part)
     stream.flush()
+
+
+def _all(stream: IO[bytes], data: bytes) -> None:
+    """Write every byte. The streams are unbuffered, and a pipe write interrupted by a signal
+    (a debugger attaching, Ctrl-C in the notebook) may take only part of a large body: the rest
+    would be lost and the reader left waiting for it."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        wrote = stream.write(view[done:])
+        done += wrote or 0
 
 
 def _read(stream: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
