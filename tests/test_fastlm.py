@@ -138,3 +138,44 @@ def test_the_engine_samples_the_same_with_and_without_the_lean_forward(temperatu
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
                                    atol=1e-4, rtol=1e-4)
     assert len({a.completion_ids for a in out[True]}) > 1
+
+
+def test_the_trainers_forward_takes_the_lean_path_only_for_right_padded_rows(monkeypatch):
+    """Same logprobs and entropies as the model's forward with its attention mask, and the model
+    itself for a left-padded batch, which causal attention alone would get wrong."""
+    from astranb.training import local
+    from astranb.types import Batch
+
+    model = _model(FAMILIES["qwen3"]())
+    ids = torch.randint(0, 40, (4, 6))
+    right = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0], [1] * 2 + [0] * 4])
+    zeros = torch.zeros(4, 6)
+
+    def batch(mask):
+        return Batch(ids, mask, zeros, zeros, zeros, torch.full((4, 6), -1),
+                     torch.tensor([1.0, 0.7, 1.0, 1.3]), torch.zeros(4), torch.ones(4))
+
+    calls = []
+    logits = FastLM.logits
+    monkeypatch.setattr(FastLM, "logits", lambda self, x: calls.append(x) or logits(self, x))
+    fast_logp, fast_entropy = local.token_logprobs(model, batch(right), slice(0, 4))
+    assert len(calls) == 1 and fast_logp.requires_grad
+    with torch.no_grad():
+        monkeypatch.setattr(local.FastLM, "of", staticmethod(lambda m: None))
+        ref_logp, ref_entropy = local.token_logprobs(model, batch(right), slice(0, 4))
+    real = right.bool()
+    torch.testing.assert_close(fast_logp[real], ref_logp[real], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fast_entropy[real], ref_entropy[real], atol=1e-6, rtol=1e-6)
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(FastLM, "logits", lambda self, x: calls.append(x) or logits(self, x))
+    local.token_logprobs(model, batch(right.flip(1)), slice(0, 4))  # left padded
+    assert calls == []
+
+
+def test_hooked_or_dropout_models_keep_their_own_forward():
+    model = _model(FAMILIES["llama"]())
+    model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert "hooked" in why_unsupported(model)
+    dropout = transformers.Qwen3Config(**SHAPE, attention_dropout=0.1)
+    assert why_unsupported(_model(dropout)) == "attention dropout"

@@ -8,10 +8,11 @@ seen at once), in the order transformers uses, so logits match the model's forwa
 
 Supported: `llama`, `mistral` (no sliding window), `qwen2` (no sliding window), `qwen3`, with the
 default rotary embedding, SiLU MLPs and full attention. Anything else (other rope types, biases
-on the MLP, a tensor-parallel Llama, an attention other than sdpa/eager) gets None from
-`FastLM.build`, and the engine keeps calling the model.
+on the MLP, a tensor-parallel Llama, an attention other than sdpa/eager, FSDP-wrapped or hooked
+modules) gets None from `FastLM.build`, and the caller keeps calling the model.
 
-Two calls, both writing keys/values through a caller's sink:
+The engine makes two calls, writing keys/values through a caller's sink; the trainer a third,
+`logits(ids)`, under autograd, for right-padded batches:
 
     prefill(ids_K_T, positions_K_T)        right-padded prompts, plain causal attention
         -> per layer (keys, values) [K, Hkv, T, D], logits [K, T, V] or of the last column
@@ -22,6 +23,7 @@ Two calls, both writing keys/values through a caller's sink:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 __all__ = ["FastLM"]
 
 _FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
+_BUILT: weakref.WeakKeyDictionary[Any, FastLM | None] = weakref.WeakKeyDictionary()
 
 
 class KVWindow(Protocol):
@@ -55,6 +58,8 @@ def why_unsupported(model: Any) -> str | None:
         return f"hidden_act {config.hidden_act!r} (only 'silu')"
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp > 1"
+    if getattr(config, "attention_dropout", 0.0):
+        return "attention dropout"
     if getattr(config, "mlp_bias", False):
         return "MLP biases"
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager", None):
@@ -65,6 +70,11 @@ def why_unsupported(model: Any) -> str | None:
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window",
                                                            None) is not False:
         return "sliding-window attention"  # mistral: set means used; qwen2: use_sliding_window
+    for module in model.modules():
+        if "FSDP" in type(module).__name__ or module._forward_pre_hooks or module._forward_hooks:
+            return "wrapped or hooked modules (FSDP, adapters, hooks must see every forward)"
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        return "sharded (DTensor) parameters"
     norms = [inner.norm] + [n for layer in inner.layers
                             for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     if not all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon")
@@ -161,6 +171,15 @@ class FastLM:
         """A FastLM for `model`, or None when the model is not one this module can run."""
         return None if why_unsupported(model) is not None else cls(model)
 
+    @classmethod
+    def of(cls, model: Any) -> FastLM | None:
+        """`build(model)`, remembered per model (the trainer asks on every micro-batch)."""
+        try:
+            return _BUILT[model]
+        except KeyError:
+            built = _BUILT[model] = cls.build(model)
+            return built
+
     # -- pieces ------------------------------------------------------------------------------------
     def _rope(self, positions_B_T: torch.Tensor, dtype: torch.dtype):
         inv_freq = self.rotary.inv_freq
@@ -212,6 +231,23 @@ class FastLM:
             x = self._finish_layer(layer, x, attn)
         x = _norm(x if all_logits else x[:, -1:], self.norm)
         return kv, self.lm_head(x)
+
+    def logits(self, ids_B_T: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] of right-padded rows with causal attention, under autograd (the
+        trainer's forward). Real tokens never see the padding after them, so their logits are
+        the model's own with an attention mask (tests/test_fastlm.py)."""
+        x = self.embed(ids_B_T)
+        positions_B_T = torch.arange(ids_B_T.shape[1], device=ids_B_T.device).expand(
+            ids_B_T.shape[0], -1)
+        cos, sin = self._rope(positions_B_T, x.dtype)
+        for layer in self.layers:
+            h = _norm(x, layer.ln1)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1,
+                                                  scale=layer.scaling,
+                                                  enable_gqa=self.groups > 1)
+            x = self._finish_layer(layer, x, attn)
+        return self.lm_head(_norm(x, self.norm))
 
     @torch.inference_mode()
     def decode(self, ids_B_1: torch.Tensor, positions_B_1: torch.Tensor, mask_B_W: torch.Tensor,

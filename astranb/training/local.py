@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
+from ..engines._fastlm import FastLM
 from ..engines._sampling import top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
@@ -80,10 +81,17 @@ def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torc
     temperature, then, for rows sampled with top_p < 1, cut to the same nucleus
     (`engines._sampling.top_p_filter`). A token outside the current nucleus (possible once the
     weights moved on) gets the floor logprob LOGP_FLOOR and no gradient, instead of -inf.
+
+    Right-padded rows of a model `engines._fastlm.FastLM` supports go through its lean forward
+    (the same arithmetic; on a small model most of the model's own forward is Python).
     """
     ids = batch.input_ids_B_T[rows]
     mask = batch.attention_mask_B_T[rows]
-    logits = model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1]
+    fast = FastLM.of(model)
+    if fast is not None and bool((mask[:, 1:] <= mask[:, :-1]).all()):  # right padded
+        logits = fast.logits(ids).float()[:, :-1]
+    else:
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1]
     logits = logits / batch.temperature_B[rows].to(logits.device)[:, None, None]
     assert batch.top_p_B is not None  # Batch fills it in
     top_p_B = batch.top_p_B[rows].to(logits.device)
