@@ -13,14 +13,17 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
-		environments/actor_verifier/pyproject.toml environments/math/pyproject.toml
+		environments/actor_verifier/pyproject.toml environments/math/pyproject.toml \
+		environments/code/pyproject.toml environments/search/pyproject.toml \
+		environments/agentbench/pyproject.toml environments/textcraft/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --timeout 15 --retries 0 --index-url $(TORCH_INDEX) \
 		"$(TORCH)" || { echo "note: PyTorch's CPU wheel index is not reachable; installing" \
 		"$(TORCH) from the default index"; $(BIN)/python -m pip install --quiet "$(TORCH)"; }
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic \
-		-e environments/actor_verifier -e environments/math
+		-e environments/actor_verifier -e environments/math -e environments/code \
+		-e environments/search -e environments/agentbench -e environments/textcraft
 	touch $@
 
 # Runs the quickstart notebook headless; the executed notebook and its figure land in results/.

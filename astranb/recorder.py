@@ -95,9 +95,13 @@ class Episode:
         for i, turn in enumerate(self.turns):
             lines += [_render_tool(c) for c in tools if c["position"] == i]
             versions = sorted(set(turn["versions"]))
+            agent = turn.get("agent", "")
+            pad = "  " * (agent.count(".") + 1) if agent else ""
+            who = f"sub-agent {agent}: " if agent else ""
             lines.append(
-                f"  turn {i} [{turn['role']} -> {turn['policy']}, versions {versions}]"
-                f"\n    prompt:     {turn['prompt']!r}\n    completion: {turn['completion']!r}"
+                f"  {pad}turn {i} [{who}{turn['role']} -> {turn['policy']}, versions {versions}]"
+                f"\n    {pad}prompt:     {turn['prompt']!r}\n    {pad}completion: "
+                f"{turn['completion']!r}"
             )
         lines += [_render_tool(c) for c in tools if c["position"] >= len(self.turns)]
         lines.append(f"  rewards: {dict(self.rewards)}" if self.error is None else "  FAILED:")
@@ -172,6 +176,7 @@ def turn_record(turn: Turn, decode: Callable[[list[int]], str] | None = None) ->
     return {
         "role": turn.role,
         "policy": turn.policy,
+        **({"agent": turn.agent} if turn.agent else {}),
         "prompt": decode(list(gen.prompt_ids)) if decode is not None else "",
         "completion": gen.text,
         "prompt_ids": list(gen.prompt_ids),

@@ -94,6 +94,9 @@ class Turn:
     """The engine's answer."""
     sampling: SamplingParams
     """Sampling settings used (the trainer needs the temperature)."""
+    agent: str = ""
+    """Which agent of the episode's tree made the call: "" the episode's own, "0", "0.1", ...
+    the sub-agents `ctx.spawn` started."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from .conversation import ChatMessage, Conversations, ToolOutcome, completion_te
 if TYPE_CHECKING:
     from ..contracts import PolicyHandle
 
-__all__ = ["Environment", "EpisodeContext", "ChatMessage", "ToolOutcome"]
+__all__ = ["Environment", "EpisodeContext", "ChatMessage", "ToolOutcome", "SpawnRefused"]
 
 
 class Environment(ABC):
@@ -59,6 +59,13 @@ class Environment(ABC):
 
     truncated_reward: float | Mapping[str, float] = 0.0
     """Reward of an episode that reached the context or `max_episode_tokens`."""
+    max_spawn_depth: int = 3
+    """Deepest sub-agent `ctx.spawn` may create (the episode's own agent is depth 0)."""
+    max_spawn_children: int = 4
+    """Most sub-agents one `ctx.spawn` call may start."""
+    max_agent_turns: int | None = None
+    """Most generate() calls across the episode's whole agent tree (None: no limit); past it
+    the episode ends as truncated."""
 
     # Set on instances by `environments.load` only (how a rollout service rebuilds the same
     # environment); read with getattr and a default, since others do not have them.
@@ -111,17 +118,25 @@ class Environment(ABC):
 class EpisodeContext:
     """The handle an episode acts through: generate per role, tools, and a record of both."""
 
-    def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle]):
+    def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle], *,
+                 parent: EpisodeContext | None = None, agent: str = ""):
         self.env = env
         self._wiring = dict(wiring)
-        self.turns: list[Turn] = []
-        """Every generate() call so far, in order."""
-        self.tool_calls: list[ToolCall] = []
-        """Every tool() call so far, in order."""
-        self.counts: dict[str, int] = {}
-        """What `count` counted."""
+        self.agent = agent
+        """Where this context sits in the episode's agent tree: "" for the episode's own agent,
+        "0", "1", ... for the sub-agents it spawned, "0.1" for the second child of "0"."""
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self._root: EpisodeContext = self if parent is None else parent._root
+        root = self._root
+        self.turns: list[Turn] = [] if parent is None else root.turns
+        """Every generate() call so far, in order (the whole agent tree shares one list)."""
+        self.tool_calls: list[ToolCall] = [] if parent is None else root.tool_calls
+        """Every tool() call so far, in order (shared by the tree)."""
+        self.counts: dict[str, int] = {} if parent is None else root.counts
+        """What `count` counted (shared by the tree)."""
         self._conversations = Conversations()
-        self._sampled = 0  # tokens sampled so far (the episode's token budget)
+        self._sampled = 0  # tokens sampled so far (the episode's token budget; root only)
+        self._children = 0  # sub-agents spawned so far (numbers their paths)
 
     @property
     def wiring(self) -> dict[str, PolicyHandle]:
@@ -240,6 +255,53 @@ class EpisodeContext:
             messages.append({"role": "tool", "name": outcome.name, "content": content})
         return outcomes
 
+    async def spawn(self, fn: Callable[..., Any], subtasks: Sequence[Any], /) -> list[Any]:
+        """Run sub-agents: `await fn(child, subtask)` for each subtask, concurrently.
+
+        Each child is an EpisodeContext of its own (its own conversations, `child.agent` its
+        path in the tree, `child.depth` one more than this one's) on the same wiring: the turns
+        it generates are recorded on this episode, tagged with its path, and trained like any
+        other turn, credited to the policy wired to the role it generates as. What the children
+        return comes back in order; how it feeds this agent's next observation and the
+        episode's rewards is the environment's choice. The episode's token and turn budgets
+        (`max_episode_tokens`, `max_agent_turns`) count the whole tree.
+
+        Raises:
+            SpawnRefused: past the environment's `max_spawn_depth` or `max_spawn_children`
+                (nothing was started; the environment may tell the model so, or let the
+                episode fail).
+            Whatever a child raised (the first, once every child has stopped).
+        """
+        depth, limit = self.depth + 1, self.env.max_spawn_depth
+        if depth > limit:
+            self.count("spawn_refused")
+            raise SpawnRefused(f"a sub-agent at depth {depth} is past max_spawn_depth={limit}")
+        if len(subtasks) > self.env.max_spawn_children:
+            self.count("spawn_refused")
+            raise SpawnRefused(f"{len(subtasks)} sub-agents in one spawn; "
+                               f"max_spawn_children={self.env.max_spawn_children}")
+        children = []
+        for _ in subtasks:
+            path = f"{self.agent}.{self._children}" if self.agent else str(self._children)
+            self._children += 1
+            children.append(EpisodeContext(self.env, self._wiring, parent=self, agent=path))
+        results: list[Any] = [None] * len(subtasks)
+        failures: list[BaseException] = []
+
+        async def one(i: int) -> None:
+            try:
+                results[i] = await fn(children[i], subtasks[i])
+            except Exception as error:  # kept until the siblings stop, then re-raised
+                failures.append(error)
+
+        async with _task_group() as tg:
+            for i in range(len(subtasks)):
+                tg.start_soon(one, i)
+        if failures:
+            truncations = [f for f in failures if isinstance(f, EpisodeTruncated)]
+            raise (truncations or failures)[0]
+        return results
+
     def count(self, name: str, n: int = 1) -> None:
         """Count a fact about this episode (a timeout, a malformed call); the run's metrics sum
         it as `count/<name>`."""
@@ -257,9 +319,13 @@ class EpisodeContext:
                 "episodes run on rollout services)"
             )
         params = self._within_limits(policy, prompt_ids, params)
+        turns = self.env.max_agent_turns
+        if turns is not None and len(self.turns) >= turns:
+            raise EpisodeTruncated(f"turns: {len(self.turns)} generate() calls across the agent "
+                                   f"tree, max_agent_turns={turns}")
         generation = await engine.generate(GenerationRequest(prompt_ids, params))
-        self._sampled += len(generation.completion_ids)
-        self.turns.append(Turn(role, policy.name, generation, params))
+        self._root._sampled += len(generation.completion_ids)
+        self.turns.append(Turn(role, policy.name, generation, params, self.agent))
         return generation
 
     def _within_limits(self, policy: PolicyHandle, prompt_ids: tuple[int, ...],
@@ -273,12 +339,12 @@ class EpisodeContext:
                 raise EpisodeTruncated(f"context: the prompt has {len(prompt_ids)} tokens and "
                                        f"the model's context is {context}")
             room = min(room, context - len(prompt_ids))
-        budget = self.env.max_episode_tokens
+        budget, sampled = self.env.max_episode_tokens, self._root._sampled
         if budget is not None:
-            if self._sampled >= budget:
-                raise EpisodeTruncated(f"budget: {self._sampled} tokens sampled, "
+            if sampled >= budget:
+                raise EpisodeTruncated(f"budget: {sampled} tokens sampled, "
                                        f"max_episode_tokens={budget}")
-            room = min(room, budget - self._sampled)
+            room = min(room, budget - sampled)
         if room == params.max_new_tokens:
             return params
         return dataclasses.replace(params, max_new_tokens=room)
@@ -326,6 +392,16 @@ class EpisodeContext:
     def _sampling(self, policy: PolicyHandle, overrides: Mapping[str, Any]) -> SamplingParams:
         eos = _cached(_eos_id, policy.tokenizer)
         return _cached(_sampling_params, self.env.sampling, tuple(sorted(overrides.items())), eos)
+
+
+class SpawnRefused(Exception):
+    """`ctx.spawn` past the environment's depth or breadth budget."""
+
+
+def _task_group() -> Any:
+    import anyio
+
+    return anyio.create_task_group()
 
 
 def _cached(function: Any, *args: Any) -> Any:

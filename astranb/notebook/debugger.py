@@ -90,12 +90,15 @@ class Step:
     """generate: the prompt text after that turn's tokens (the observation), when it extends."""
     mask: str = ""
     """generate: the loss mask of the turn's tokens, in words."""
+    agent: str = ""
+    """generate: the sub-agent that made the call ("" the episode's own agent; "0", "0.1", ...
+    the agents `ctx.spawn` started: the episode tree)."""
 
     @property
     def title(self) -> str:
         """A one-line label: "turn 0 solver", "tool check", "rewards"."""
         if self.kind == "generate":
-            return f"turn {self.turn} {self.role}"
+            return f"turn {self.turn} {self.role}" + (f" @{self.agent}" if self.agent else "")
         return f"tool {self.tool}" if self.kind == "tool" else "rewards"
 
     def to_json(self) -> dict[str, Any]:
@@ -426,7 +429,7 @@ def _generate_step(index: int, turn: int, record: Mapping[str, Any], tokenizer) 
         tokens=tuple(_token_text(tokenizer, t) for t in ids),
         logprobs=pad(list(record["logprobs"])), versions=pad(list(record["versions"])),
         finish_reason=record["finish_reason"], origin=record.get("origin", "sampled"),
-        note=record.get("note", ""),
+        note=record.get("note", ""), agent=record.get("agent", ""),
     )
 
 
@@ -472,7 +475,9 @@ def _render_generate(step: Step) -> str:
     how = step.origin
     if step.finish_reason != step.origin:
         how += f", {step.finish_reason}"
-    head = (f"[{step.index}] turn {step.turn} {step.role} -> {step.policy} "
+    who = f"sub-agent {step.agent}: " if step.agent else ""
+    indent = "  " * (step.agent.count(".") + 1) if step.agent else ""
+    head = (f"{indent}[{step.index}] turn {step.turn} {who}{step.role} -> {step.policy} "
             f"({how}, versions {versions or '?'})")
     tokens = " ".join(f"{t!r}({_lp(lp)}, v{v if v is not None else '?'})"
                       for t, lp, v in zip(step.tokens, step.logprobs, step.versions, strict=True))

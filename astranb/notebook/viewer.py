@@ -189,7 +189,10 @@ def _badges(step: Step) -> str:
         return ""
     versions = sorted({v for v in step.versions if v is not None})
     origin = step.origin or "sampled"
-    badges = (f'<span class="badge">role {_e(step.role)} → policy {_e(step.policy)}</span>',
+    tree = ((f'<span class="badge agent">sub-agent {_e(step.agent)} (depth '
+             f'{step.agent.count(".") + 1})</span>',) if step.agent else ())
+    badges = (*tree,
+              f'<span class="badge">role {_e(step.role)} → policy {_e(step.policy)}</span>',
               f'<span class="badge {_e(origin)}">{_e(origin)}</span>',
               f'<span class="badge">versions {_e(versions) if versions else "unknown"}</span>')
     # real text between the badges, not only CSS margins: the header must read as words in
@@ -202,7 +205,8 @@ _SEP = '<span class="sep"> · </span>'
 
 def _chip(step: Step) -> str:
     if step.kind == "generate":
-        return f"{step.role}" + ("*" if step.origin == "edited" else "")
+        where = f"@{step.agent}" if step.agent else ""
+        return f"{step.role}{where}" + ("*" if step.origin == "edited" else "")
     return step.tool if step.kind == "tool" else "reward"
 
 

@@ -92,6 +92,7 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
              "sampling": (dataclasses.asdict(turn.sampling)
                           | {"stop_token_ids": list(turn.sampling.stop_token_ids)}),
              "generation": generation_to_wire(turn.generation)}
+            | ({"agent": turn.agent} if turn.agent else {})
             for turn in t.turns
         ],
         "tool_calls": [dataclasses.asdict(call) for call in t.tool_calls],
@@ -102,7 +103,7 @@ def trajectory_to_wire(t: Trajectory) -> dict[str, Any]:
 def trajectory_from_wire(d: Mapping[str, Any]) -> Trajectory:
     turns = tuple(
         Turn(t["role"], t["policy"], generation_from_wire(t["generation"]),
-             sampling_from_wire(t["sampling"]))
+             sampling_from_wire(t["sampling"]), str(t.get("agent", "")))
         for t in d["turns"]
     )
     tool_calls = tuple(
