@@ -6,6 +6,9 @@
               start per program)
     bm25      queries per second of `astranb_search.BM25Retriever` on a generated 100k-passage
               corpus (one thread, one query at a time, as episodes ask them; target >= 1,000)
+    textcraft episodes per second of `astranb_textcraft.TextCraft` played by the scripted
+              optimal player (`oracle_reply`, with sub-agents), 16 episodes at a time, through
+              the real EpisodeContext: the environment's and the context's own cost per episode
 
     .venv/bin/python bench/environments.py
 """
@@ -72,12 +75,58 @@ def bench_bm25(passages: int, queries: int) -> dict[str, float]:
             "queries_per_s": queries / seconds, "recall_at_5": hits / queries}
 
 
+def bench_textcraft(episodes: int) -> dict[str, float]:
+    from astranb_textcraft import TextCraft, oracle_reply
+
+    import astranb as ab
+    from astranb.weights.publish import StatePublisher
+
+    env = TextCraft(seed=0, spawn=True, targets=2, spare=3)
+    tokenizer = ab.models.tiny_chat().tokenizer()
+
+    class Scripted:
+        max_context = 8192
+
+        async def generate(self, request):
+            prompt = tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
+            text = oracle_reply(env.world, prompt, spawn=True)
+            ids = (*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id)
+            return ab.Generation(request.prompt_ids, ids, (0.0,) * len(ids), (0,) * len(ids),
+                                 "stop", text=text)
+
+    engine = Scripted()
+    player = ab.Policy("oracle", ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine,
+                       None, StatePublisher(engine), tokenizer)
+    tasks = [t for t, _ in zip(env.samples(seed=0), range(episodes), strict=False)]
+
+    async def play_all() -> list:
+        out: list = [None] * len(tasks)
+        limiter = anyio.CapacityLimiter(16)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                out[i] = await ab.play_episode(env, {"crafter": player}, tasks[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(tasks)):
+                tg.start_soon(one, i)
+        return out
+
+    started = time.perf_counter()
+    played = anyio.run(play_all)
+    seconds = time.perf_counter() - started
+    turns = sum(len(t.turns) for t in played)
+    return {"episodes_per_s": len(played) / seconds, "turns_per_episode": turns / len(played),
+            "mean_reward": sum(t.rewards["crafter"] for t in played) / len(played)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=2_000)
+    parser.add_argument("--episodes", type=int, default=200)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
     sandbox = bench_sandbox(args.jobs, args.concurrency)
@@ -85,6 +134,10 @@ def main() -> None:
           f"{sandbox['programs_per_s']:.1f} programs/s (bare `python -I -c pass`, one after "
           f"another: {sandbox['bare_starts_per_s_serial']:.1f}/s); isolation "
           f"{sandbox['isolation']}")
+    craft = bench_textcraft(args.episodes)
+    print(f"textcraft: {craft['episodes_per_s']:.1f} episodes/s with the scripted player "
+          f"({craft['turns_per_episode']:.1f} turns an episode across its sub-agents, mean "
+          f"reward {craft['mean_reward']:.2f})")
     bm25 = bench_bm25(args.passages, args.queries)
     print(f"bm25: {bm25['passages']} passages indexed in {bm25['index_seconds']:.1f} s; "
           f"{bm25['queries_per_s']:.0f} queries/s on one thread (target >= 1,000); "
