@@ -380,3 +380,32 @@ def test_a_policy_must_ask_for_the_engine_its_services_run(tmp_path):
             session.policy("solver", ab.models.tiny(), weight_transfer="state")
         assert session.policies == {}
         session.policy("solver", ab.models.tiny(), engine="hf")
+
+
+@pytest.mark.slow  # two environments, two short training runs on the services
+def test_the_agent_environments_play_on_rollout_services_by_name(tmp_path):
+    """Installed environments are built on the service from their name and JSON arguments: no
+    code crosses the wire; episodes (with tool calls and counts) come back and train."""
+    from astranb_code import synthetic_tasks
+
+    session, apps, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw),
+                                           trainer=False)
+    with session:
+        policy = session.policy("p", ab.models.tiny_chat(),
+                                algorithm=ab.GRPO(filter_groups=False))
+        few = {"max_new_tokens": 12}
+        envs = {
+            "textcraft": (ab.environments.load("textcraft", seed=1, targets=1, sampling=few),
+                          "crafter"),
+            "code": (ab.environments.load("code", data=synthetic_tasks(8), sampling=few),
+                     "coder"),
+        }
+        for name, (env, role) in envs.items():
+            session.wire(env, **{role: policy})
+            run = session.train(steps=1, batch_size=4, group_size=2).wait(progress=False)
+            assert run.accounting["lost"] == 0 and len(run.metrics) == 1
+            episodes = [e for e in run.episodes if e.env == env.name]
+            assert episodes and all(e.error is None for e in episodes), name
+            service = apps["http://r0"].state.service
+            assert any(getattr(built, "registry_name", None) == name
+                       for built, _ in service.envs.values())

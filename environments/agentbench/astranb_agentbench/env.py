@@ -173,29 +173,14 @@ class AgentBench(Environment):
 
     # -- the controller ---------------------------------------------------------------------------
     async def _get_indices(self) -> list[Any]:
-        try:
-            response = await self._client.get(self.controller + "/get_indices",
-                                               params={"name": self.task})
-        except self._httpx.HTTPError as error:
-            raise AgentBenchError(f"the AgentBench controller at {self.controller} did not "
-                                  f"answer: {type(error).__name__}: {error}") from None
-        if response.status_code != 200:
-            raise AgentBenchError(f"get_indices for {self.task!r} failed "
-                                  f"({response.status_code}): {response.text[:300]}")
+        response = await self._request("GET", "/get_indices", params={"name": self.task})
         indices = response.json()
         if not indices:
             raise AgentBenchError(f"the controller has no samples for {self.task!r}")
         return list(indices)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = await self._client.post(self.controller + path, json=body)
-        except self._httpx.HTTPError as error:
-            raise AgentBenchError(f"the AgentBench controller at {self.controller} did not "
-                                  f"answer {path}: {type(error).__name__}: {error}") from None
-        if response.status_code != 200:
-            raise AgentBenchError(f"{path} for {self.task!r} failed ({response.status_code}): "
-                                  f"{response.text[:300]}")
+        response = await self._request("POST", path, json=body)
         try:
             answer = response.json()
             answer["output"]["status"]  # noqa: B018 - the shape this adapter relies on
@@ -203,6 +188,18 @@ class AgentBench(Environment):
         except (ValueError, KeyError, TypeError):
             raise AgentBenchError(f"{path} answered something that is not AgentBench's "
                                   f"output: {response.text[:300]}") from None
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call to the controller; AgentBenchError when it does not answer or fails."""
+        try:
+            response = await self._client.request(method, self.controller + path, **kwargs)
+        except self._httpx.HTTPError as error:
+            raise AgentBenchError(f"the AgentBench controller at {self.controller} did not "
+                                  f"answer {path}: {type(error).__name__}: {error}") from None
+        if response.status_code != 200:
+            raise AgentBenchError(f"{path} for {self.task!r} failed ({response.status_code}): "
+                                  f"{response.text[:300]}")
+        return response
 
     async def _cancel(self, session_id: Any) -> None:
         """Cancel the sample on the server, even while this episode is being cancelled (the
