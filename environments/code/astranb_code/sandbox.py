@@ -234,7 +234,7 @@ class Sandbox:
 
 def _python_for_jobs(given: str | None) -> str:
     """An interpreter the slots' uids can run: `given`, else this one, else the system's
-    python3 (a pyenv or conda interpreter under /root is out of their reach)."""
+    python3 (a pyenv or conda interpreter in root's home directory is out of their reach)."""
     candidates = [given] if given else [sys.executable, shutil.which("python3", path=os.defpath)]
     for python in candidates:
         if python and _runs_as(UID_BASE, python):
