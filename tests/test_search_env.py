@@ -202,3 +202,17 @@ def test_arguments_and_data_are_checked(tmp_path):
     by_name = ab.environments.load("search", data=QUESTIONS[:20],
                                    retriever={"corpus": str(corpus)})
     assert isinstance(by_name, Search) and len(by_name.retriever) == 20
+
+
+def test_demonstrations_follow_the_environments_own_turns():
+    from astranb_search.env import SYSTEM_PROMPT, render
+    from astranb_search.synthetic import demonstrations
+
+    retriever = BM25Retriever(PASSAGES)
+    (demo,) = demonstrations(QUESTIONS[:1], retriever, SYSTEM_PROMPT, k=2)
+    roles = [m["role"] for m in demo["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    place, gold = QUESTIONS[0]["place"], QUESTIONS[0]["answers"][0]
+    assert read_action(demo["messages"][2]["content"]) == ("search", place)
+    assert demo["messages"][3]["content"] == render(retriever.search_many([place], 2)[0])
+    assert read_action(demo["messages"][4]["content"]) == ("answer", gold)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["facts", "invented_name"]
+__all__ = ["facts", "invented_name", "demonstrations"]
 
 _ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "k", "kr", "l", "m", "n", "p", "qu", "r", "s",
            "st", "t", "tr", "v", "z")
@@ -59,3 +59,23 @@ def facts(n: int, seed: int = 0, distractors: int = 0) -> tuple[list[dict[str, A
                          "text": f"The weather was {rng.choice(['mild', 'cold', 'wet'])} in "
                                  f"the year {1000 + i}."})
     return passages, questions
+
+
+def demonstrations(questions: list[dict[str, Any]], retriever: Any, system_prompt: str,
+                   k: int = 2) -> list[dict[str, Any]]:
+    """Conversations for `policy.sft`: search the question's place by name, read the passages
+    the retriever really returns for that query, answer with the gold answer. The warm start
+    teaches the format (and where answers sit); RL then has the searching and reading to do."""
+    from .env import render
+
+    out = []
+    for question in questions:
+        query = str(question["place"])
+        found = retriever.search_many([query], k)[0]
+        out.append({"messages": [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": f"Question: {question['question']}"},
+            {"role": "assistant", "content": f"<search>{query}</search>"},
+            {"role": "user", "content": render(found)},
+            {"role": "assistant", "content": f"<answer>{question['answers'][0]}</answer>"}]})
+    return out
