@@ -210,16 +210,12 @@ class FastLM:
         h = _norm(x, layer.ln2)
         return x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
 
-    # -- calls -------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def prefill(self, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor, *, all_logits: bool
-                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Right-padded prompts through the model with causal attention.
-
-        Returns each layer's (keys, values) [K, Hkv, T, D] and the logits: [K, T, V] with
-        `all_logits`, else [K, 1, V] of the last column."""
-        x = self.embed(ids_K_T)
-        cos, sin = self._rope(positions_K_T, x.dtype)
+    def _causal(self, ids_B_T: torch.Tensor, positions_B_T: torch.Tensor
+                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Right-padded rows through every layer with plain causal attention: the last hidden
+        states (before the final norm) and each layer's (keys, values) [B, Hkv, T, D]."""
+        x = self.embed(ids_B_T)
+        cos, sin = self._rope(positions_B_T, x.dtype)
         kv = []
         for layer in self.layers:
             h = _norm(x, layer.ln1)
@@ -229,6 +225,17 @@ class FastLM:
                                                   scale=layer.scaling,
                                                   enable_gqa=self.groups > 1)
             x = self._finish_layer(layer, x, attn)
+        return x, kv
+
+    # -- calls -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor, *, all_logits: bool
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Right-padded prompts through the model with causal attention.
+
+        Returns each layer's (keys, values) [K, Hkv, T, D] and the logits: [K, T, V] with
+        `all_logits`, else [K, 1, V] of the last column."""
+        x, kv = self._causal(ids_K_T, positions_K_T)
         x = _norm(x if all_logits else x[:, -1:], self.norm)
         return kv, self.lm_head(x)
 
@@ -236,17 +243,9 @@ class FastLM:
         """Logits [B, T, V] of right-padded rows with causal attention, under autograd (the
         trainer's forward). Real tokens never see the padding after them, so their logits are
         the model's own with an attention mask (tests/test_fastlm.py)."""
-        x = self.embed(ids_B_T)
         positions_B_T = torch.arange(ids_B_T.shape[1], device=ids_B_T.device).expand(
             ids_B_T.shape[0], -1)
-        cos, sin = self._rope(positions_B_T, x.dtype)
-        for layer in self.layers:
-            h = _norm(x, layer.ln1)
-            q, k, v = self._qkv(layer, h, cos, sin)
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1,
-                                                  scale=layer.scaling,
-                                                  enable_gqa=self.groups > 1)
-            x = self._finish_layer(layer, x, attn)
+        x, _ = self._causal(ids_B_T, positions_B_T)
         return self.lm_head(_norm(x, self.norm))
 
     @torch.inference_mode()

@@ -73,8 +73,8 @@ class _SlotLayer(CacheLayerMixin):
 class SlotCache(Cache):
     """The transformers `Cache` the model is called with during decode steps."""
 
-    def __init__(self, owner: SlotKV, num_layers: int) -> None:
-        super().__init__(layers=[_SlotLayer(owner, i) for i in range(num_layers)])
+    def __init__(self, layers: Sequence[_SlotLayer]) -> None:
+        super().__init__(layers=list[Any](layers))
 
 
 class SlotKV:
@@ -108,8 +108,8 @@ class SlotKV:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._alloc(_MIN_GROWTH)
-        self.cache = SlotCache(self, len(self.shapes))
         self._layers = [_SlotLayer(self, i) for i in range(len(self.shapes))]
+        self.cache = SlotCache(self._layers)  # the same layers, seen by the model's forward
 
     # -- geometry ---------------------------------------------------------------------------------
 
