@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .types import Trajectory, Turn, jsonable, register_html_view
+from .types import Trajectory, Turn, agent_depth, jsonable, register_html_view
 
 if TYPE_CHECKING:
     from .environments.base import Environment
@@ -96,7 +96,7 @@ class Episode:
             lines += [_render_tool(c) for c in tools if c["position"] == i]
             versions = sorted(set(turn["versions"]))
             agent = turn.get("agent", "")
-            pad = "  " * (agent.count(".") + 1) if agent else ""
+            pad = "  " * agent_depth(agent)
             who = f"sub-agent {agent}: " if agent else ""
             lines.append(
                 f"  {pad}turn {i} [{who}{turn['role']} -> {turn['policy']}, versions {versions}]"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -47,6 +47,26 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @staticmethod
+    def check_names(names: Iterable[str]) -> None:
+        """TypeError naming the options that are not SamplingParams fields, if any."""
+        known = {f.name for f in fields(SamplingParams)}
+        unknown = set(names) - known
+        if unknown:
+            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(known)}")
+
+    @classmethod
+    def of(cls, value: SamplingParams | Mapping[str, Any] | None, **defaults: Any
+           ) -> SamplingParams:
+        """An environment's `sampling=` argument as SamplingParams: given as they are, a dict
+        of their fields, or nothing (None or {}) for SamplingParams(**defaults)."""
+        if isinstance(value, SamplingParams):
+            return value
+        if not value:
+            return cls(**defaults)
+        cls.check_names(value)
+        return cls(**value)
 
 
 @dataclass(frozen=True)
@@ -96,7 +116,12 @@ class Turn:
     """Sampling settings used (the trainer needs the temperature)."""
     agent: str = ""
     """Which agent of the episode's tree made the call: "" the episode's own, "0", "0.1", ...
-    the sub-agents `ctx.spawn` started."""
+    the sub-agents `ctx.spawn` started (`agent_depth` gives its depth)."""
+
+
+def agent_depth(agent: str) -> int:
+    """Depth of a `Turn.agent` path in the episode's tree: 0 for "", 1 for "0", 2 for "0.1"."""
+    return agent.count(".") + 1 if agent else 0
 
 
 @dataclass(frozen=True)

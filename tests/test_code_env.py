@@ -194,6 +194,11 @@ def test_limits_and_arguments_are_checked():
         Sandbox(concurrency=-1)
     with pytest.raises(TypeError, match="strings of Python source"):
         anyio.run(lambda: Sandbox().run(ADD, [1]))
+    with pytest.raises(TypeError, match=r"unknown sampling option\(s\) \['temp'\]"):
+        Code(TASKS, sampling={"temp": 0.5})
+    assert Code(TASKS).sampling == Code(TASKS, sampling={}).sampling == ab.SamplingParams(
+        max_new_tokens=512)
+    assert Code(TASKS, sampling={"temperature": 0.5}).sampling.temperature == 0.5
 
 
 # -- tasks ----------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from ..errors import EpisodeTruncated
 from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
 from .conversation import ChatMessage, Conversations, ToolOutcome, completion_text, schemas_of
@@ -294,7 +296,7 @@ class EpisodeContext:
             except Exception as error:  # kept until the siblings stop, then re-raised
                 failures.append(error)
 
-        async with _task_group() as tg:
+        async with anyio.create_task_group() as tg:
             for i in range(len(subtasks)):
                 tg.start_soon(one, i)
         if failures:
@@ -398,12 +400,6 @@ class SpawnRefused(Exception):
     """`ctx.spawn` past the environment's depth or breadth budget."""
 
 
-def _task_group() -> Any:
-    import anyio
-
-    return anyio.create_task_group()
-
-
 def _cached(function: Any, *args: Any) -> Any:
     """`function(*args)` through its lru_cache, or uncached when an argument cannot be hashed (a
     stop-token list among the overrides, a tokenizer that defines __eq__ without __hash__)."""
@@ -414,18 +410,12 @@ def _cached(function: Any, *args: Any) -> Any:
     return function(*args)
 
 
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-
-
 @functools.lru_cache(maxsize=4096)
 def _sampling_params(base: SamplingParams, overrides: tuple[tuple[str, Any], ...],
                      eos: int | None) -> SamplingParams:
     """The environment's defaults with a call's overrides, stopping at EOS. Cached (through
     `_cached`): every episode of a run asks for the same few combinations."""
-    unknown = {name for name, _ in overrides} - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(
-            f"unknown sampling option(s) {sorted(unknown)}; use {sorted(_SAMPLING_FIELDS)}")
+    SamplingParams.check_names(name for name, _ in overrides)
     params = dataclasses.replace(base, **dict(overrides))
     stop = tuple(params.stop_token_ids)
     if eos is not None and eos not in stop:

@@ -33,7 +33,7 @@ from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..policy import Policy
 from ..recorder import Episode
-from ..types import jsonable
+from ..types import agent_depth, jsonable
 from . import viewer
 from .display import cell_number, display_mode, in_kernel, publish
 from .replay import replay
@@ -476,7 +476,7 @@ def _render_generate(step: Step) -> str:
     if step.finish_reason != step.origin:
         how += f", {step.finish_reason}"
     who = f"sub-agent {step.agent}: " if step.agent else ""
-    indent = "  " * (step.agent.count(".") + 1) if step.agent else ""
+    indent = "  " * agent_depth(step.agent)
     head = (f"{indent}[{step.index}] turn {step.turn} {who}{step.role} -> {step.policy} "
             f"({how}, versions {versions or '?'})")
     tokens = " ".join(f"{t!r}({_lp(lp)}, v{v if v is not None else '?'})"

@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..types import agent_depth
+
 if TYPE_CHECKING:
     from .debugger import Step
 
@@ -190,7 +192,7 @@ def _badges(step: Step) -> str:
     versions = sorted({v for v in step.versions if v is not None})
     origin = step.origin or "sampled"
     tree = ((f'<span class="badge agent">sub-agent {_e(step.agent)} (depth '
-             f'{step.agent.count(".") + 1})</span>',) if step.agent else ())
+             f'{agent_depth(step.agent)})</span>',) if step.agent else ())
     badges = (*tree,
               f'<span class="badge">role {_e(step.role)} → policy {_e(step.policy)}</span>',
               f'<span class="badge {_e(origin)}">{_e(origin)}</span>',

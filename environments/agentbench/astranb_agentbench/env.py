@@ -84,8 +84,7 @@ class AgentBench(Environment):
         self.test_indices = list(test_indices)
         self.splits = ("train", "test") if self.test_indices else ("train",)
         self.max_turns, self.reward = max_turns, reward
-        self.sampling = (sampling if isinstance(sampling, SamplingParams)
-                         else SamplingParams(**(sampling or {"max_new_tokens": 256})))
+        self.sampling = SamplingParams.of(sampling, max_new_tokens=256)
         self.max_episode_tokens = max_episode_tokens
         self._httpx = httpx
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport)

@@ -56,8 +56,7 @@ class _CodeBase(Environment):
             normalize(self.data.rows(split, n=1)[0])
         self.sandbox = sandbox or Sandbox(limits)
         self.system_prompt = system_prompt or SYSTEM_PROMPT
-        self.sampling = (sampling if isinstance(sampling, SamplingParams)
-                         else SamplingParams(**(sampling or {"max_new_tokens": 512})))
+        self.sampling = SamplingParams.of(sampling, max_new_tokens=512)
         self.max_episode_tokens = max_episode_tokens
 
     def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:

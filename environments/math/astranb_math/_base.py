@@ -89,12 +89,4 @@ def _source(data: Any, columns: Mapping[str, str] | None,
 
 
 def _sampling(sampling: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-    if sampling is None:
-        return SamplingParams(max_new_tokens=1024)
-    if isinstance(sampling, SamplingParams):
-        return sampling
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    unknown = set(sampling) - known
-    if unknown:
-        raise TypeError(f"unknown sampling option(s) {sorted(unknown)}; use {sorted(known)}")
-    return SamplingParams(**sampling)
+    return SamplingParams.of(sampling, max_new_tokens=1024)

@@ -140,8 +140,7 @@ class Search(Environment):
         self.splits = self.data.splits
         self.retriever, self.k, self.max_turns, self.reward = retriever, k, max_turns, reward
         self.system_prompt = system_prompt or SYSTEM_PROMPT
-        self.sampling = (sampling if isinstance(sampling, SamplingParams)
-                         else SamplingParams(**(sampling or {"max_new_tokens": 128})))
+        self.sampling = SamplingParams.of(sampling, max_new_tokens=128)
         self.max_episode_tokens = max_episode_tokens
 
     def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:

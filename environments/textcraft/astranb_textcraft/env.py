@@ -103,8 +103,7 @@ class TextCraft(Environment):
         self.roles = ("crafter",) if child_role in (None, "crafter") else ("crafter", child_role)
         self.splits = ("train", "test")
         self.test_tasks = test_tasks
-        self.sampling = (sampling if isinstance(sampling, SamplingParams)
-                         else SamplingParams(**(sampling or {"max_new_tokens": 96})))
+        self.sampling = SamplingParams.of(sampling, max_new_tokens=96)
         self.max_episode_tokens = max_episode_tokens
         self.max_agent_turns = max_agent_turns
         self.system_prompt = SYSTEM_PROMPT + (SPAWN_LINE if spawn else "")
