@@ -76,27 +76,12 @@ def bench_bm25(passages: int, queries: int) -> dict[str, float]:
 
 
 def bench_textcraft(episodes: int) -> dict[str, float]:
-    from astranb_textcraft import TextCraft, oracle_reply
+    from astranb_textcraft import TextCraft, oracle_policy
 
     import astranb as ab
-    from astranb.weights.publish import StatePublisher
 
     env = TextCraft(seed=0, spawn=True, targets=2, spare=3)
-    tokenizer = ab.models.tiny_chat().tokenizer()
-
-    class Scripted:
-        max_context = 8192
-
-        async def generate(self, request):
-            prompt = tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
-            text = oracle_reply(env.world, prompt, spawn=True)
-            ids = (*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id)
-            return ab.Generation(request.prompt_ids, ids, (0.0,) * len(ids), (0,) * len(ids),
-                                 "stop", text=text)
-
-    engine = Scripted()
-    player = ab.Policy("oracle", ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine,
-                       None, StatePublisher(engine), tokenizer)
+    player = oracle_policy(env.world, spawn=True)
     tasks = [t for t, _ in zip(env.samples(seed=0), range(episodes), strict=False)]
 
     async def play_all() -> list:

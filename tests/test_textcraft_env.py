@@ -14,9 +14,10 @@ from astranb_textcraft import (
     Inventory,
     TextCraft,
     World,
-    oracle_reply,
+    oracle_policy,
     read_action,
     score,
+    scripted_policy,
 )
 
 import astranb as ab
@@ -24,36 +25,16 @@ from astranb.dataflow.batcher import build_batch
 from astranb.dataflow.buffer import Group
 from astranb.recorder import Episode
 from astranb.remote.serialize import trajectory_from_wire, trajectory_to_wire
-from astranb.weights.publish import StatePublisher
 from tests.test_math_env import TOKENIZER
 
 
-class ReplyEngine:
-    """Answers each prompt with `reply(prompt text)` (then EOS): a scripted model."""
-
-    max_context = 8192  # long multi-step conversations (the tiny tokenizer says 1024)
-
-    def __init__(self, reply):
-        self.reply, self.prompts = reply, []
-
-    async def generate(self, request):
-        prompt = TOKENIZER.decode(list(request.prompt_ids), skip_special_tokens=False)
-        self.prompts.append(prompt)
-        ids = (*TOKENIZER.encode(self.reply(prompt), add_special_tokens=False),
-               TOKENIZER.eos_token_id)
-        return ab.Generation(request.prompt_ids, ids, (-1.0,) * len(ids), (3,) * len(ids),
-                             "stop", text=TOKENIZER.decode(list(ids), skip_special_tokens=True))
-
-
 def policy(name, reply):
-    engine = ReplyEngine(reply)
-    return ab.Policy(name, ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
-                     StatePublisher(engine), TOKENIZER)
+    """A scripted "model" answering each prompt with `reply(prompt text)`."""
+    return scripted_policy(name, reply, version=3)
 
 
 def oracle(env, name="p", spawn=False):
-    # each agent's prompt is its own conversation: the oracle reads its task and inventory
-    return policy(name, lambda prompt: oracle_reply(env.world, prompt, spawn=spawn))
+    return oracle_policy(env.world, spawn=spawn, name=name, version=3)
 
 
 def play(env, sample, **wiring):

@@ -134,34 +134,18 @@ type="...">{json}</action>`; `spawn` starts sub-agents through `ctx.spawn`, each
 conversation, targets and steps, on the shared inventory. A scripted player that knows the
 recipes shows an episode with sub-agents; the record shows the tree:""")
 
-code("""from astranb_textcraft import TextCraft, oracle_reply
-
-from astranb.weights.publish import StatePublisher
+code("""from astranb_textcraft import TextCraft, oracle_policy
 
 craft_env = TextCraft(seed=0, spawn=True, targets=2, spare=3, test_tasks=eval_n,
                       sampling=sampling)
-tokenizer = ab.models.tiny_chat().tokenizer()
-
-
-class Scripted:  # a "model" that answers with the optimal action
-    async def generate(self, request):
-        prompt = tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
-        text = oracle_reply(craft_env.world, prompt, spawn=True)
-        ids = (*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id)
-        return ab.Generation(request.prompt_ids, ids, (0.0,) * len(ids), (0,) * len(ids),
-                             "stop", text=text)
-
-
-engine = Scripted()
-oracle = ab.Policy("oracle", ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
-                   StatePublisher(engine), tokenizer)
+oracle = oracle_policy(craft_env.world, spawn=True)  # a "model" that plays the best action
 task = next(iter(craft_env.samples()))
 trajectory = await ab.play_episode(craft_env, {"crafter": oracle}, task)
 print("reward", trajectory.rewards, "turns by agent:",
       {a or "root": sum(t.agent == a for t in trajectory.turns)
        for a in sorted({t.agent for t in trajectory.turns})})
 print(ab.recorder.Episode.from_trajectory(
-    trajectory, tokenizers={"oracle": tokenizer}).render()[:1500])""")
+    trajectory, tokenizers={"oracle": oracle.tokenizer}).render()[:1500])""")
 
 code("""crafter = session.policy("crafter", spec, algorithm=algorithm)
 craft_result = train_and_evaluate(craft_env, crafter=crafter)

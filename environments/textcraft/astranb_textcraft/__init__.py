@@ -16,8 +16,8 @@ same inventory. Reward: the share of the targets in the final inventory (1.0 whe
 from __future__ import annotations
 
 from .env import ActionError, TextCraft, read_action, score
-from .oracle import oracle_reply
+from .oracle import ScriptedEngine, oracle_policy, oracle_reply, scripted_policy
 from .world import Inventory, Recipe, World
 
 __all__ = ["TextCraft", "World", "Recipe", "Inventory", "ActionError", "read_action", "score",
-           "oracle_reply"]
+           "oracle_reply", "oracle_policy", "scripted_policy", "ScriptedEngine"]
