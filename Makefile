@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup browser quickstart agents test test-fast lint lab bench gpu-check clean
+.PHONY: setup browser quickstart agents env-training test test-fast lint lab bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ agents: setup
 		-p run_dir ../runs/agents -o results --timeout 1200
 	@$(BIN)/python -c "import json; d = json.load(open('results/06_agents.json')); \
 		print({k: d[k] for k in ('before', 'after_warm_start', 'after_rl', 'rl_rise')})"
+
+# The tiny chat model trained on the agent environments (bench/env_training.py): held-out avg@1
+# before, after a warm start and after RL, for AgentBench (stand-in controller) and code; about
+# 10 minutes on 2 cores. Results and curves land in results/env_training_*.{json,png}.
+env-training: setup
+	$(BIN)/python bench/env_training.py --env agentbench --env code
 
 # Debian's chromium for the real-browser test (never a downloaded browser build). Without apt
 # as root (or passwordless sudo) it only says so, and that test skips.

@@ -154,3 +154,20 @@ class ChatTool(Environment):
         messages.append({"role": "tool", "name": "add", "content": str(total)})
         final = await ctx.chat("agent", messages, tools=[add])
         return float(str(total) in final.content) + 0.01 * final.text.count("a")
+
+
+class SpawnCountA(CountA):
+    """CountA where the solver's first generation is followed by two sub-agents (role "helper")
+    that generate too: one episode, three conversations, all of them trained."""
+
+    roles = ("solver", "helper")
+
+    async def episode(self, ctx, sample):
+        first = await ctx.generate("solver", sample["prompt"])
+
+        async def child(sub, prompt):
+            out = await sub.generate("helper", prompt)
+            return out.text.count("a") / 8
+
+        helped = await ctx.spawn(child, [sample["prompt"], "a" + sample["prompt"]])
+        return first.text.count("a") / 8 + sum(helped) / 2

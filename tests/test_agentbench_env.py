@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from astranb_agentbench import AgentBench, default_reward
-from astranb_agentbench.fake import TASK, FakeController, secret
+from astranb_agentbench.fake import TASK, FakeController, demonstrations, secret
 
 import astranb as ab
 from tests.test_math_env import play, scripted
@@ -111,3 +111,50 @@ def test_loads_by_name(fake):
     assert isinstance(env, AgentBench) and env.name == f"AgentBench[{TASK}]"
     with pytest.raises(ValueError, match="max_turns"):
         AgentBench(TASK, max_turns=0)
+
+
+def test_a_controller_with_more_samples_serves_them_all():
+    fake = FakeController(samples=30)
+    env = make(fake, indices=range(30), test_indices=range(20, 30))
+    trajectory = play(env, {"index": 27}, agent=scripted("a", f"ACTION: {secret(27)}"))
+    assert trajectory.rewards == {"agent": 1.0}
+    assert [s["index"] for s in env.split_samples("test")] == list(range(20, 30))
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        FakeController(samples=0)
+
+
+def test_demonstrations_are_the_conversations_the_adapter_shows(fake):
+    tokenizer = ab.models.tiny_chat().tokenizer()
+    env = make(fake)
+    for demo in demonstrations(12, seed=1, strategy="bisect"):
+        messages = demo["messages"]
+        guesses = [m["content"] for m in messages if m["role"] == "assistant"][1:]
+        target = int(guesses[-1].removeprefix("ACTION: "))  # halving always wins
+        index = next(i for i in range(10) if secret(i) == target)
+        agent = scripted("a", *guesses)
+        trajectory = play(env, {"index": index}, agent=agent)
+        assert trajectory.rewards == {"agent": 1.0} and len(guesses) <= 4
+        # what the model saw before its last guess is the demonstration up to that guess
+        assert agent.engine.prompts[-1] == tokenizer.apply_chat_template(
+            messages[:-1], tokenize=False, add_generation_prompt=True)
+
+
+def test_random_demonstrations_win_as_often_as_chance():
+    demos = demonstrations(3000, seed=2, strategy="random")
+    for demo in demos:
+        turns = demo["messages"][3:]
+        guesses = [int(m["content"].removeprefix("ACTION: ")) for m in turns[::2]]
+        assert [m["role"] for m in turns] == [("assistant", "user")[i % 2]
+                                              for i in range(len(turns))]
+        assert turns[-1]["role"] == "assistant" and 1 <= len(guesses) <= 5
+        assert all(1 <= g <= 10 for g in guesses)
+        # some number agrees with every "higher"/"lower" (and, when it stopped early, is the
+        # last guess)
+        told = [m["content"] for m in turns[1::2]]
+        fits = [t for t in range(1, 11) if all((t > g) == (word == "higher") and t != g
+                                               for g, word in zip(guesses, told, strict=False))]
+        assert fits and (len(guesses) == 5 or guesses[-1] in fits)
+    early = sum(1 for d in demos if len(d["messages"]) < 3 + 9)  # won within 4 guesses
+    assert abs(early / len(demos) - (1 - 0.9 ** 4)) < 0.03
+    with pytest.raises(ValueError, match="strategy"):
+        demonstrations(1, strategy="optimal")

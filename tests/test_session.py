@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import astranb as ab
 from astranb.dataflow.orchestrator import EpisodesKeepFailing
 from astranb.engines._kvbatch import SlotKV
-from tests.envs import AlwaysFails, CountA, Flaky, TwoRoles
+from tests.envs import AlwaysFails, CountA, Flaky, SpawnCountA, TwoRoles
 
 
 def make_session(tmp_path, env=None, **policy_kwargs):
@@ -102,6 +102,49 @@ def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeyp
     assert spanning, "expected some generations to span a weight update"
     assert all(t["versions"] == sorted(t["versions"]) for t in spanning)
     assert (run.metrics["staleness_max"] <= 1).all()
+
+
+def test_the_staleness_bound_holds_across_parent_and_sub_agent_turns(tmp_path, monkeypatch):
+    """Episodes whose sub-agents generate after the parent: every conversation of the tree is
+    trained, and no trained token, parent's or child's, is older than the bound."""
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                            max_batch_size=32)
+    session.wire(SpawnCountA(max_new_tokens=16), solver=policy, helper=policy)
+    rows, step = [], policy.trainer.step
+
+    def slow_step(batch):
+        rows.append(int(batch.rewards_B.shape[0]))
+        time.sleep(0.05)
+        return step(batch)
+
+    policy.trainer.step = slow_step
+    decode = SlotKV.decode
+
+    def slow_decode(*args, **kwargs):
+        time.sleep(0.002)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(SlotKV, "decode", slow_decode)
+    with session:
+        run = session.train(steps=6, batch_size=8, group_size=4,
+                            max_staleness=1).wait(progress=False)
+    df = run.metrics
+    assert ((df["step"] - df["token_version_min"]) <= 1).all()
+    assert (df["staleness_max"] <= 1).all()
+    assert df["staleness_max"].max() == 1  # the bound was reached, not just never tested
+    trees = 0
+    for episode in run.episodes:
+        agents = {t.get("agent", "") for t in episode.turns}
+        if agents != {"", "0", "1"}:
+            continue
+        trees += 1
+        parent = [v for t in episode.turns if not t.get("agent") for v in t["versions"]]
+        children = [v for t in episode.turns if t.get("agent") for v in t["versions"]]
+        assert min(children) >= min(parent)  # a sub-agent starts after its parent
+        assert max(parent + children) - min(parent + children) <= 1
+    assert trees == len(run.episodes)
+    assert rows == [24] * 6  # three conversations an episode, all trained: 8 episodes a step
 
 
 def test_failing_episodes_are_recorded_and_the_run_goes_on(tmp_path):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["normalize", "humaneval_tests", "synthetic_tasks", "TaskError"]
@@ -103,17 +103,21 @@ _KINDS = (
 )
 
 
-def synthetic_tasks(n: int, seed: int = 0, tests_per_task: int = 4) -> list[dict[str, Any]]:
-    """`n` small generated tasks (one-line arithmetic functions), each with its reference
-    `solution` and `tests_per_task` asserts: data for tests and for a tiny model's first runs,
-    with no download."""
+def synthetic_tasks(n: int, seed: int = 0, tests_per_task: int = 4,
+                    constants: Sequence[int] = range(2, 10)) -> list[dict[str, Any]]:
+    """`n` small generated tasks (one-line arithmetic functions of x and a constant k drawn from
+    `constants`), each with its reference `solution` and `tests_per_task` asserts: data for
+    tests and for a tiny model's first runs, with no download."""
     if n < 1 or tests_per_task < 1:
         raise ValueError(f"need n >= 1 and tests_per_task >= 1, got {n}, {tests_per_task}")
+    if not constants or min(constants) < 1:
+        raise ValueError(f"constants must be positive integers (k = 0 would make x % k fail), "
+                         f"got {constants!r}")
     rng = random.Random(seed)
     tasks = []
     for _ in range(n):
         name, text, solution, fn = rng.choice(_KINDS)
-        k = rng.randint(2, 9)
+        k = rng.choice(constants)
         entry = name.format(k=k)
         xs = rng.sample(range(-20, 40), tests_per_task)
         tasks.append({"prompt": text.format(k=k), "entry_point": entry, "setup": "",
