@@ -25,15 +25,29 @@ def make_session(tmp_path, env=None, **policy_kwargs):
     return session, policy
 
 
-def slow_steps(policy, seconds: float):
-    """Make each train step take at least `seconds`, so rollouts visibly overlap it."""
+def slow_steps(policy, seconds: float, rows: list[int] | None = None):
+    """Make each train step take at least `seconds`, so rollouts visibly overlap it; `rows`,
+    when given, collects each step's batch size."""
     step = policy.trainer.step
 
     def slow(batch):
+        if rows is not None:
+            rows.append(int(batch.rewards_B.shape[0]))
         time.sleep(seconds)
         return step(batch)
 
     policy.trainer.step = slow
+
+
+def slow_decodes(monkeypatch, seconds: float):
+    """Make each decode step of every engine take at least `seconds` longer."""
+    decode = SlotKV.decode
+
+    def slow_decode(*args, **kwargs):
+        time.sleep(seconds)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(SlotKV, "decode", slow_decode)
 
 
 def test_async_rollouts_continue_during_train_steps(tmp_path):
@@ -88,13 +102,7 @@ def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeyp
     """Generation made slower than a train step: the groups admitted after a publish are still
     decoding when the next step publishes, so their completions carry two versions."""
     session, policy = make_session(tmp_path, env=CountA(max_new_tokens=48))
-    decode = SlotKV.decode
-
-    def slow_decode(*args, **kwargs):
-        time.sleep(0.003)
-        return decode(*args, **kwargs)
-
-    monkeypatch.setattr(SlotKV, "decode", slow_decode)
+    slow_decodes(monkeypatch, 0.003)
     with session:
         run = session.train(steps=6, batch_size=8, group_size=4,
                             max_staleness=1).wait(progress=False)
@@ -111,21 +119,9 @@ def test_the_staleness_bound_holds_across_parent_and_sub_agent_turns(tmp_path, m
     policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
                             max_batch_size=32)
     session.wire(SpawnCountA(max_new_tokens=16), solver=policy, helper=policy)
-    rows, step = [], policy.trainer.step
-
-    def slow_step(batch):
-        rows.append(int(batch.rewards_B.shape[0]))
-        time.sleep(0.05)
-        return step(batch)
-
-    policy.trainer.step = slow_step
-    decode = SlotKV.decode
-
-    def slow_decode(*args, **kwargs):
-        time.sleep(0.002)
-        return decode(*args, **kwargs)
-
-    monkeypatch.setattr(SlotKV, "decode", slow_decode)
+    rows: list[int] = []
+    slow_steps(policy, 0.05, rows)
+    slow_decodes(monkeypatch, 0.002)
     with session:
         run = session.train(steps=6, batch_size=8, group_size=4,
                             max_staleness=1).wait(progress=False)
