@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import chat, data, environments, models, weights
+from . import chat, data, environments, models, trackers, weights
 from .algorithms import GRPO, M2PO, Algorithm
 from .contracts import Engine, Publisher, Trainer
 from .data import DataSource
@@ -35,9 +35,10 @@ from .errors import (
     TrainerRolledBack,
 )
 from .evaluation import RoleEvaluation
+from .history import compare, runs
 from .policy import Policy
 from .recorder import Episode
-from .run import Run
+from .run import Run, RunRecord, open_run
 from .session import Session
 from .training.local import AdamW, AdamWConfig, LocalTrainer
 from .types import (
@@ -69,7 +70,11 @@ __all__ = [
     "LocalTrainer",
     "Run",
     "RunConfig",
+    "RunRecord",
+    "open_run",
     "Episode",
+    "runs",
+    "compare",
     "EpisodeDebugger",
     "debug",
     "GRPO",
@@ -97,6 +102,7 @@ __all__ = [
     "data",
     "environments",
     "weights",
+    "trackers",
     "__version__",
 ]
 

@@ -1,10 +1,12 @@
-"""Command line: `astranb serve rollout|trainer ...` (services for remote sessions) and
-`astranb run NOTEBOOK` (a notebook executed headless, with an HTML export).
+"""Command line: `astranb serve rollout|trainer ...` (services for remote sessions),
+`astranb run NOTEBOOK` (a notebook executed headless, with an HTML export) and
+`astranb sweep NOTEBOOK` (the notebook run once per point of a parameter grid; see sweep.py).
 
     astranb serve rollout --engine hf --port 8100                  # loopback, no token needed
     ASTRANB_TOKEN=s3cret astranb serve rollout --host 0.0.0.0 --port 8100
     astranb serve trainer --nproc 2 --port 8200 --checkpoint-dir ckpt   # FSDP over torchrun
     astranb run notebooks/01_quickstart.ipynb -p steps 50 -o results
+    astranb sweep notebooks/01_quickstart.ipynb -p steps 200 400 -p lr 1e-3 3e-3 --jobs 2
 
 The token is read from --token or, better (it stays out of the process list), ASTRANB_TOKEN.
 """
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="astranb", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(commands)
+    _add_sweep_parser(commands)
     serve = commands.add_parser("serve", help="run a rollout or trainer service")
     kinds = serve.add_subparsers(dest="kind", required=True)
     rollout = kinds.add_parser("rollout", help="play episodes on rollout engines")
@@ -58,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run_notebook(args)
+        if args.command == "sweep":
+            from .sweep import run_sweep
+
+            return run_sweep(args)
         if args.kind == "rollout":
             return _serve_rollout(args)
         return _serve_trainer(args)
@@ -131,6 +138,37 @@ def _add_run_parser(commands) -> None:
                           "as in Jupyter)")
     run.add_argument("--timeout", type=float, metavar="S",
                      help="seconds any one cell may run (default: no limit)")
+    run.add_argument("--name", metavar="STEM",
+                     help="file names of the outputs: OUTDIR/STEM.ipynb and OUTDIR/STEM.html "
+                          "(default: the notebook's name)")
+
+
+def _add_sweep_parser(commands) -> None:
+    sweep = commands.add_parser(
+        "sweep", help="execute a notebook once per point of a parameter grid, with one table",
+        description="Execute NOTEBOOK for every combination of the -p values (the full grid), "
+                    "each point as `astranb run` does, and write one table of the points' "
+                    "parameters, outcomes and final numbers (OUTDIR/sweep.csv and "
+                    "sweep.parquet). Exit status: 0 when every point ran, 1 when one or more "
+                    "failed (the others still run; see the table's error column), 2 for bad "
+                    "arguments.")
+    sweep.add_argument("notebook", metavar="NOTEBOOK", help="the .ipynb file to execute")
+    sweep.add_argument("-p", "--parameter", nargs="+", action="append", default=[],
+                       metavar=("NAME", "V"), dest="parameters",
+                       help="a parameter and its values: -p NAME V1 V2 ... (repeatable); values "
+                            "are read as `astranb run -p` reads them")
+    sweep.add_argument("-o", "--output-dir", metavar="OUTDIR",
+                       help="where the points' notebooks, HTML, runs and the table go "
+                            "(default: sweeps/<notebook>-<date>-<time>)")
+    sweep.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="points executed at once, each in its own process (default 1)")
+    sweep.add_argument("--resume", action="store_true",
+                       help="finish the sweep in OUTDIR: points already done are kept, the "
+                            "others (failed, never started) are executed")
+    sweep.add_argument("--cwd", metavar="DIR",
+                       help="working directory of the kernels (default: the notebook's folder)")
+    sweep.add_argument("--timeout", type=float, metavar="S",
+                       help="seconds any one cell may run (default: no limit)")
 
 
 def parse_value(text: str):
@@ -162,7 +200,8 @@ def _run_notebook(args) -> int:
     parameters = {name: parse_value(value) for name, value in args.parameters}
     _check_parameters(papermill, notebook, parameters)
     out = Path(args.output_dir)
-    executed, exported = out / notebook.name, out / f"{notebook.stem}.html"
+    stem = args.name or notebook.stem
+    executed, exported = out / f"{stem}.ipynb", out / f"{stem}.html"
     if executed.resolve() == notebook.resolve():
         raise ValueError(f"-o {args.output_dir} would overwrite {notebook} itself; "
                          "pick another output folder")

@@ -16,6 +16,7 @@ Nothing here imports anything of astranb but `types`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
@@ -25,6 +26,7 @@ import torch
 from .types import Batch, Generation, GenerationRequest, Trajectory, WeightUpdate
 
 __all__ = [
+    "Checkpointable",
     "Engine",
     "Trainer",
     "Publisher",
@@ -103,6 +105,20 @@ class Trainer(Protocol):
 
     def weights(self) -> Mapping[str, torch.Tensor]:
         """The current weights by parameter name."""
+        ...
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """A trainer whose state can be written to a folder and read back (`LocalTrainer`,
+    `ProcessTrainer`): what `train(checkpoint_every=...)` and `Session.resume` need."""
+
+    def save(self, directory: str | os.PathLike[str]) -> Any:
+        """Write weights, optimizer state and version (safetensors + JSON)."""
+        ...
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Restore what `save` wrote."""
         ...
 
 

@@ -1,26 +1,49 @@
-"""What a run leaves behind: one metrics row per (policy, step), every episode, and events.
+"""What a run leaves behind: one metrics row per (policy, step), the kept episodes, and events.
 
 The recorder is written from the session's event loop and read from anywhere (the notebook's
-thread, widgets), so it guards its lists with a lock and hands out copies. Rows, episodes and
-events are also appended to JSON-lines files in the run's folder as they arrive, so a crashed
+thread, widgets), so it guards its lists with a lock and hands out copies. Rows and events are
+appended to `metrics.jsonl` and `events.jsonl` in the run's folder as they arrive, so a crashed
 kernel loses nothing that was already collected. Events are what happens outside the step
 rhythm: a trainer rollback, or a held-out evaluation window ("evaluation", see `evaluations`).
 Observers (dashboards, progress bars) subscribe with `on_event`; an observer that raises is
 reported with its name and then switched off, never allowed to stop training.
+
+Episodes are many (the 600-step quickstart plays ~156k), so memory and disk stay bounded:
+every episode is announced to observers, but only those its record mode keeps ("sample":
+failed and truncated ones plus 8 a step; "all"; "none": failed and truncated ones) are written,
+one zstd frame per metrics row, to `episodes.jsonl.zst` with its index `episodes.index` (format
+and crash behaviour: records.py). Memory holds the last 256 played and the last 256 kept;
+`episodes` is an `EpisodeView` that reads older kept ones back from the folder when asked, and
+`EpisodeLog(folder)` does the same without a recorder (older folders: `episodes.jsonl`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import operator
 import threading
 import traceback
 import warnings
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
+from .checkpoint import RecordWriteError
+from .records import (
+    DATA_FILE,
+    LEGACY_FILE,
+    FrameReader,
+    FrameTable,
+    FrameWriter,
+    LineTable,
+    RecordPolicy,
+    Selection,
+    load_frames,
+)
 from .types import Trajectory, Turn, agent_depth, jsonable, register_html_view
 
 if TYPE_CHECKING:
@@ -28,7 +51,7 @@ if TYPE_CHECKING:
     from .notebook.debugger import EpisodeDebugger
     from .policy import Policy
 
-__all__ = ["Episode", "Recorder", "turn_record"]
+__all__ = ["Episode", "EpisodeLog", "EpisodeView", "Recorder", "turn_record"]
 
 
 @dataclass(frozen=True)
@@ -128,8 +151,8 @@ class Episode:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Episode:
-        """An episode from one line of episodes.jsonl (it knows no environment or tokenizer:
-        pass `rescore(env=...)` to re-score it)."""
+        """An episode from one JSON line of a run's episode record (it knows no environment or
+        tokenizer: pass `rescore(env=...)` to re-score it)."""
         return cls(int(data["index"]), int(data["group"]), dict(data["sample"]),
                    tuple(data["turns"]), dict(data["rewards"]), data.get("error"),
                    int(data.get("trainer_version", 0)), tuple(data.get("tool_calls") or ()),
@@ -197,37 +220,158 @@ def _render_tool(call: Mapping[str, Any]) -> str:
     return f"  tool {call['name']}({args}) {outcome}"
 
 
+class EpisodeView(Sequence[Episode]):
+    """A read-only list of a run's kept episodes, in completion order, fixed at its length when
+    made: `len`, `view[i]` (negative too), slices (a list), iteration. Positions count kept
+    episodes only; each Episode keeps its completion `index` among all played. Episodes not in
+    memory are read from the run's folder when asked for, a frame at a time."""
+
+    def __init__(self, source: _Source, length: int, label: str = ""):
+        self._source, self._length, self._label = source, length, label
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, key: int) -> Episode: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> list[Episode]: ...
+
+    def __getitem__(self, key: int | slice) -> Episode | list[Episode]:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._length)
+            if step == 1:
+                return list(self._source.episodes(start, max(start, stop)))
+            return [self._source.episode(i) for i in range(start, stop, step)]
+        i = operator.index(key)
+        if not -self._length <= i < self._length:
+            raise IndexError(f"episode {key} of {self._length} kept episodes")
+        return self._source.episode(i % self._length)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return self._source.episodes(0, self._length)
+
+    def __repr__(self) -> str:
+        label = f"; {self._label}" if self._label else ""
+        return f"<{self._length} episodes{label}>"
+
+
+class _Source(Protocol):
+    def episode(self, position: int) -> Episode: ...
+    def episodes(self, start: int, stop: int) -> Iterator[Episode]: ...
+
+
+class _FrameSource:
+    """Kept episodes from the frames of a record; `memory(position)` may answer first (the
+    recorder's last kept episodes) and `attach` gives disk-read ones what memory knows."""
+
+    def __init__(self, table: FrameTable, reader: FrameReader,
+                 memory: Callable[[int], Episode | None] = lambda position: None,
+                 attach: Callable[[Episode], Episode] = lambda episode: episode):
+        self._table, self._reader, self._memory, self._attach = table, reader, memory, attach
+
+    def episode(self, position: int) -> Episode:
+        found = self._memory(position)
+        if found is not None:
+            return found
+        frame, line = self._table.locate(position)
+        return self._load(self._reader.lines(self._table.frames[frame])[line])
+
+    def episodes(self, start: int, stop: int) -> Iterator[Episode]:
+        position = start
+        while position < stop:
+            found = self._memory(position)
+            if found is not None:
+                yield found
+                position += 1
+                continue
+            frame, line = self._table.locate(position)
+            for text in self._reader.lines(self._table.frames[frame])[line:]:
+                if position >= stop:
+                    break
+                yield self._load(text)
+                position += 1
+
+    def _load(self, line: bytes) -> Episode:
+        return self._attach(Episode.from_json(json.loads(line)))
+
+
+class _LineSource:
+    def __init__(self, table: LineTable):
+        self._table = table
+
+    def episode(self, position: int) -> Episode:
+        return Episode.from_json(json.loads(self._table.line(position)))
+
+    def episodes(self, start: int, stop: int) -> Iterator[Episode]:
+        return (Episode.from_json(json.loads(line)) for line in self._table.lines(start, stop))
+
+
+class EpisodeLog(EpisodeView):
+    """The kept episodes of a run folder, read from disk without a Recorder: what
+    `ab.open_run(path).episodes` is. Reads `episodes.jsonl.zst` (its index, and the frames
+    asked for) or, in folders written before it, `episodes.jsonl` (one pass to find the lines);
+    nothing else is loaded until an episode is asked for. Episodes read back know no
+    environment or tokenizer (`rescore(env=...)` re-scores them). A snapshot: episodes a live
+    run keeps later need a new EpisodeLog."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        source: _Source
+        if (self.directory / DATA_FILE).exists() or not (self.directory / LEGACY_FILE).exists():
+            table = FrameTable(load_frames(self.directory))
+            source, length = _FrameSource(table, FrameReader(self.directory / DATA_FILE)), \
+                table.total
+        else:
+            lines = LineTable(self.directory / LEGACY_FILE)
+            source, length = _LineSource(lines), len(lines)
+        super().__init__(source, length)
+
+
 class Recorder:
     """Collects a run's metrics rows and episodes, mirrors them to disk, notifies observers.
 
     Args:
-        directory: the run's folder (metrics.jsonl and episodes.jsonl are written there).
+        directory: the run's folder (metrics.jsonl, events.jsonl and the episode record,
+            `episodes.jsonl.zst` with `episodes.index`, are written there; see records.py).
         decode: token ids -> text, per policy name (to store readable prompts).
+        record: which episodes to keep: "sample" (failed and truncated ones plus `per_step`
+            others per metrics row), "all" or "none" (failed and truncated ones only).
+        per_step: episodes sampled per metrics row in "sample" mode.
+        recent: episodes held in memory: the last ones played, and the last ones kept.
+        seed: seed of the sampling.
     """
 
-    def __init__(self, directory: Path, decode: Mapping[str, Callable[[list[int]], str]]):
+    def __init__(self, directory: Path, decode: Mapping[str, Callable[[list[int]], str]], *,
+                 record: str = "sample", per_step: int = 8, recent: int = 256, seed: int = 0):
+        self.policy = RecordPolicy(record, per_step, recent)  # checked before touching the disk
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._decode = dict(decode)
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
-        self._episodes: list[Episode] = []
         self._observers: list[Callable[[str, Any], None]] = []
         self._metrics_file = open(directory / "metrics.jsonl", "a", encoding="utf-8")
-        # episodes are many and small: written in 1 MB blocks, flushed with every metrics row
-        # (a syscall per episode cost the event loop more than playing the episode on a small
-        # model); metrics.jsonl is flushed per row
-        self._episodes_file = open(directory / "episodes.jsonl", "a", encoding="utf-8",
-                                   buffering=1 << 20)
         self._events: list[dict[str, Any]] = []
         self._events_path = directory / "events.jsonl"
+        # episodes: chosen per pool, written as one zstd frame per metrics row (a syscall per
+        # episode cost the event loop more than playing the episode on a small model)
+        self._selection = Selection(self.policy, seed)
+        self._writer = FrameWriter(directory)
+        self._source = _FrameSource(self._writer.table, FrameReader(self._writer.data_path),
+                                    self._in_memory, self._attach)
+        self._kept: deque[Episode] = deque(maxlen=recent)  # the last kept, newest last
+        self._recent: deque[Episode] = deque(maxlen=recent)  # the last played, kept or not
+        self._played = 0
+        self._context: dict[str, tuple[Environment | None, Mapping[str, Any]]] = {}
 
     # -- writing (event loop) ------------------------------------------------------------------
     def add_row(self, row: Mapping[str, Any]) -> None:
         row = dict(row)
-        with self._lock:
+        with self._lock, self._writing(self.directory / "metrics.jsonl"):
             self._rows.append(row)
-            self._episodes_file.flush()  # every episode that led up to this row is on disk
+            self._write_kept()  # every kept episode that led up to this row is on disk
             self._metrics_file.write(_json_line(row) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
@@ -235,7 +379,7 @@ class Recorder:
     def add_event(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Something that happened outside the step rhythm (a trainer rollback, a failover)."""
         event = {"kind": kind, **payload}
-        with self._lock:
+        with self._lock, self._writing(self._events_path):
             self._events.append(event)
             with open(self._events_path, "a", encoding="utf-8") as f:
                 f.write(_json_line(event) + "\n")
@@ -255,7 +399,8 @@ class Recorder:
     def add_episode(self, traj: Trajectory, trainer_version: int, *,
                     environment: Environment | None = None,
                     tokenizers: Mapping[str, Any] | None = None) -> Episode:
-        """Record a finished episode.
+        """Record a finished episode: observers see every one; the record keeps what its mode
+        keeps.
 
         Args:
             traj: the trajectory.
@@ -265,20 +410,50 @@ class Recorder:
             tokenizers: policy name -> tokenizer (per-token text in the debugger).
         """
         with self._lock:
-            episode = Episode.from_trajectory(traj, len(self._episodes), trainer_version,
+            episode = Episode.from_trajectory(traj, self._played, trainer_version,
                                               environment=environment, tokenizers=tokenizers,
                                               decode=self._decode)
-            self._episodes.append(episode)
-            self._episodes_file.write(_json_line(episode.to_json()) + "\n")
+            self._played += 1
+            self._recent.append(episode)
+            self._context[episode.env] = (environment, dict(tokenizers or {}))
+            self._selection.offer(episode)
+            if self.policy.mode != "sample" and self._selection.pending >= self.policy.recent:
+                with self._writing(self._writer.data_path):
+                    self._write_kept()  # memory stays bounded; a sample is only known at the row
         self._emit("episode", episode)
         return episode
 
     def close(self) -> None:
+        with self._lock, self._writing(self.directory):
+            if not self._writer.closed:
+                self._write_kept()  # the last pool: what finished after the last row
+                self._writer.close()
+            if not self._metrics_file.closed:
+                self._metrics_file.flush()
+                self._metrics_file.close()
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """A failed write (a full disk, a read-only folder) becomes an error that names the
+        path and the free space; what was written before stays readable."""
+        try:
+            yield
+        except OSError as error:
+            if isinstance(error, RecordWriteError):
+                raise
+            raise RecordWriteError(Path(error.filename or path), error) from error
+
+    def _write_kept(self) -> None:
+        kept = self._selection.take()
+        if kept:
+            self._writer.write([(_json_line(e.to_json()) + "\n").encode() for e in kept])
+            self._kept.extend(kept)
+
+    def continue_from(self, rows: list[dict[str, Any]]) -> None:
+        """Start from the rows a resumed run keeps (already in metrics.jsonl): `rows`, the
+        metrics and the dashboard show the whole series."""
         with self._lock:
-            for f in (self._metrics_file, self._episodes_file):
-                if not f.closed:
-                    f.flush()
-                    f.close()
+            self._rows[:0] = [dict(r) for r in rows]
 
     # -- reading (any thread) ------------------------------------------------------------------
     @property
@@ -287,9 +462,34 @@ class Recorder:
             return list(self._rows)
 
     @property
-    def episodes(self) -> list[Episode]:
+    def episodes(self) -> EpisodeView:
+        """The kept episodes so far, in completion order (a fixed-length view; see
+        `EpisodeView`). Those no longer in memory are read back from the run's folder."""
         with self._lock:
-            return list(self._episodes)
+            length = self._writer.table.total
+        return EpisodeView(self._source, length, self.policy.describe())
+
+    @property
+    def recent_episodes(self) -> list[Episode]:
+        """The last `recent` episodes played, kept or not, newest last."""
+        with self._lock:
+            return list(self._recent)
+
+    @property
+    def played(self) -> int:
+        """Episodes recorded so far, kept or not."""
+        with self._lock:
+            return self._played
+
+    def _in_memory(self, position: int) -> Episode | None:
+        with self._lock:
+            first = self._writer.table.total - len(self._kept)
+            return self._kept[position - first] if position >= first else None
+
+    def _attach(self, episode: Episode) -> Episode:
+        """An episode read back from disk, with the environment and tokenizers of this run."""
+        environment, tokenizers = self._context.get(episode.env, (None, {}))
+        return dataclasses.replace(episode, environment=environment, tokenizers=tokenizers)
 
     def on_event(self, observer: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call `observer(kind, payload)` for every "metrics" row, "episode" and event (such as

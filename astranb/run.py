@@ -4,27 +4,34 @@
 `run.episodes` while it trains, `await run` (JupyterLab: the kernel keeps handling widget clicks)
 or `run.wait()` (scripts, papermill) to block until it ends. Both re-raise an error from the
 background and show a progress bar in the waiting cell; `run.stop()` cancels the run cleanly.
+
+`open_run(folder)` reads a run back from its folder alone (another process, a later day): the
+same metrics, events, evaluations and kept episodes, read-only, without loading the episode
+record into memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import html
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .dataflow.config import RunConfig
 from .dataflow.flow import HeldOut
-from .recorder import Episode, Recorder
+from .recorder import Episode, EpisodeLog, EpisodeView, Recorder
+from .records import DATA_FILE, LEGACY_FILE, read_jsonl
+from .runinfo import read_info, status_of
 
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["Run", "RunConfig"]
+__all__ = ["Run", "RunConfig", "RunRecord", "open_run"]
 
 
 class Run:
@@ -51,6 +58,8 @@ class Run:
         self._stopped = False
         self._accounting = accounting
         self._views: list[Any] = []
+        self.session: Any = None
+        """The Session that runs it (set by `Session.train` and `Session.resume`)."""
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -83,16 +92,8 @@ class Run:
         when it began), `eval/token_versions`, `eval/failed`, `eval/truncated`, `eval/n`,
         `eval/k`, `eval/window`, `eval/seconds`. `run.evaluations` has the windows alone.
         """
-        import pandas as pd
-
-        rows = self._recorder.rows
-        if self.heldout is None:
-            return pd.DataFrame(rows)
-        steps = [{"kind": "step", **row} for row in rows]
-        evals = [{"kind": "eval", "time": e["time"],
-                  **{f"eval/{k}": v for k, v in e.items() if k not in ("kind", "time")}}
-                 for e in self._recorder.evaluations]
-        return pd.DataFrame(sorted(steps + evals, key=lambda row: row["time"]))
+        return _metrics_frame(self._recorder.rows,
+                              None if self.heldout is None else self._recorder.evaluations)
 
     @property
     def evaluations(self) -> pandas.DataFrame:
@@ -118,9 +119,19 @@ class Run:
         return self._recorder.rows
 
     @property
-    def episodes(self) -> list[Episode]:
-        """Every finished episode so far (failed ones included), in completion order."""
+    def episodes(self) -> EpisodeView:
+        """The kept episodes so far, in completion order: with `train(record="sample")` (the
+        default) every failed or truncated episode and `record_per_step` others a step; with
+        "all" every episode; with "none" the failed and truncated ones. A list-like view (len,
+        `[i]`, `[-1]`, slices, iteration) whose positions count kept episodes; each Episode
+        keeps its completion `index` among all played. Those no longer in memory are read back
+        from the run's folder when asked for."""
         return self._recorder.episodes
+
+    @property
+    def recent_episodes(self) -> list[Episode]:
+        """The last episodes played (256 by default), kept or not, newest last."""
+        return self._recorder.recent_episodes
 
     def on_event(self, observer: Callable[[str, Any], None]) -> Callable[[], None]:
         """Subscribe an observer to "metrics" rows and "episode" records (see Recorder)."""
@@ -158,7 +169,7 @@ class Run:
 
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; re-raise its error. Shows a progress bar unless told not to."""
-        with _Progress(self, progress) as bar:
+        with _Progress(self, progress) as bar, self._interruptible():
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self._future.done():
                 if deadline is not None and time.monotonic() >= deadline:
@@ -173,13 +184,28 @@ class Run:
         return self._await().__await__()
 
     async def _await(self) -> Run:
-        with _Progress(self, True) as bar:
+        with _Progress(self, True) as bar, self._interruptible():
             while not self._future.done():
                 await asyncio.sleep(0.2)
                 bar.update()
                 self._tick_views()
         self._finish_views()
         return self._result()
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """An interrupt (the kernel's stop button, Ctrl-C) stops the waiting, not the run: the
+        error raised says so, and how to stop the run."""
+        try:
+            yield
+        except (KeyboardInterrupt, asyncio.CancelledError) as interrupt:
+            if self._future.done():
+                raise
+            step, total = self.progress
+            raise type(interrupt)(
+                f"stopped waiting; the run goes on in the background (step {step} of {total}). "
+                "run.stop() stops it; `await run` or run.wait() waits again. (At the end of "
+                "a script the run is stopped when the process exits.)") from None
 
     def dashboard(self, *, interval: float = 0.5, mode: str | None = None):
         """Show the run's dashboard in this cell and return it.
@@ -328,6 +354,85 @@ class Run:
                 "run.metrics for every row, run.episodes[i].show() to step through an "
                 f"episode; files in {html.escape(str(self.directory))}</div>")
         return card("Run", subtitle, body + hint, "astranb-run")
+
+
+def _metrics_frame(rows: list[dict[str, Any]],
+                   evaluations: list[dict[str, Any]] | None) -> pandas.DataFrame:
+    """The metrics rows, and with `evaluations` one `kind="eval"` row per window in time order."""
+    import pandas as pd
+
+    if evaluations is None:
+        return pd.DataFrame(rows)
+    steps = [{"kind": "step", **row} for row in rows]
+    evals = [{"kind": "eval", "time": e["time"],
+              **{f"eval/{k}": v for k, v in e.items() if k not in ("kind", "time")}}
+             for e in evaluations]
+    return pd.DataFrame(sorted(steps + evals, key=lambda row: row["time"]))
+
+
+def open_run(directory: str | Path) -> RunRecord:
+    """Open a run's folder (`<session dir>/run-NNN`) read-only: its metrics, events, evaluation
+    windows, status and kept episodes, as it was when opened.
+
+        >>> old = ab.open_run("runs/arith/run-000")
+        >>> old.metrics.tail(); old.episodes[-1].show()
+
+    Raises:
+        FileNotFoundError: the folder holds no run (no metrics.jsonl and no episode record).
+    """
+    return RunRecord(directory)
+
+
+class RunRecord:
+    """A finished (or still running) run read from its folder alone; see `open_run`.
+
+    `episodes` is read lazily (an index, then one frame per episode asked for); the metrics
+    rows and events are read when the record is opened. Episodes read back know no environment
+    or tokenizer: `episode.debugger().rescore(env=...)` re-scores one."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        files = ("metrics.jsonl", DATA_FILE, LEGACY_FILE)
+        if not any((self.directory / name).exists() for name in files):
+            raise FileNotFoundError(
+                f"{self.directory} is not a run folder (it has none of {', '.join(files)}); "
+                "a session writes each run to <session directory>/run-NNN")
+        self.rows: list[dict[str, Any]] = read_jsonl(self.directory / "metrics.jsonl")
+        """The metrics rows as plain dicts."""
+        self.events: list[dict[str, Any]] = read_jsonl(self.directory / "events.jsonl")
+        """Things that happened outside the step rhythm (rollbacks, evaluation windows)."""
+        self.episodes: EpisodeLog = EpisodeLog(self.directory)
+        """The kept episodes, in completion order (list-like, read from disk when asked)."""
+        self.info: dict[str, Any] = read_info(self.directory) or {}
+        """The folder's run.json (settings, times, summary; see runinfo.py), {} without one."""
+        self.status: str = status_of(self.info) if self.info else "unknown"
+        """"finished", "stopped", "failed", "running", "interrupted" (its process died before
+        the run ended), or "unknown" (no run.json: a run of an older astranb)."""
+        self.error: str | None = self.info.get("error")
+        """The first line of the error that ended a failed run."""
+
+    @property
+    def evaluation_rows(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in e.items() if k != "kind"}
+                for e in self.events if e.get("kind") == "evaluation"]
+
+    @property
+    def evaluations(self) -> pandas.DataFrame:
+        """One row per held-out evaluation window (empty if the run did not evaluate)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.evaluation_rows)
+
+    @property
+    def metrics(self) -> pandas.DataFrame:
+        """One row per (policy, step), as `Run.metrics`; with evaluation windows also their
+        `kind="eval"` rows."""
+        windows = [e for e in self.events if e.get("kind") == "evaluation"]
+        return _metrics_frame(self.rows, windows or None)
+
+    def __repr__(self) -> str:
+        return (f"RunRecord({self.status}, {len(self.rows)} metrics rows, "
+                f"{len(self.episodes)} kept episodes, dir={str(self.directory)!r})")
 
 
 class _Progress:

@@ -34,6 +34,8 @@ from anyio.from_thread import start_blocking_portal
 from . import environments
 from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
+from .checkpoint import write_checkpoint, write_plan
+from .contracts import Checkpointable
 from .dataflow.config import RunConfig
 from .dataflow.flow import Dataflow, HeldOut
 from .dataflow.orchestrator import Source, play_heldout
@@ -53,7 +55,11 @@ from .remote.pool import RolloutPool, ServicesPublisher
 from .remote.process import ProcessPublisher, ProcessTrainer
 from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
+from .resuming import FolderLock, Resumption, make_plan, restore, run_folder
 from .run import Run
+from .runinfo import RunInfo
+from .trackers import Tracker, Trackers, run_hyperparameters
+from .trackers import resolve as resolve_trackers
 from .training.local import AdamWConfig, LocalTrainer
 from .types import Trajectory
 from .weights.publish import EnginePublisher, StatePublisher
@@ -63,6 +69,30 @@ from .wiring import Wiring
 __all__ = ["Session"]
 
 ENGINES = ("hf",)
+
+
+class _also_on_the_class:  # noqa: N801 - used as a decorator
+    """A method that, called on the class with a folder first, opens a Session on that folder
+    and calls it there: `ab.Session.resume("runs/x")` is `ab.Session("runs/x").resume()`."""
+
+    def __init__(self, method: Callable[..., Any]):
+        self.method = method
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        if obj is not None:
+            return functools.partial(self.method, obj)
+
+        @functools.wraps(self.method)
+        def on_a_new_session(directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+            session = cls(directory)
+            try:
+                return self.method(session, *args, **kwargs)
+            except BaseException:
+                session.close()
+                raise
+
+        return on_a_new_session
 
 
 class Session:
@@ -103,8 +133,10 @@ class Session:
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = FolderLock(self.directory, self)  # one live Session per folder
         self.device = device
         self.policies: dict[str, Policy] = {}
+        self._recipes: dict[str, dict[str, Any]] = {}  # Session.policy's options, for plan.json
         self._wiring: list[tuple[Environment, dict[str, Policy], float]] = []
         self._runs: list[Run] = []
         self._stack = ExitStack()
@@ -205,6 +237,8 @@ class Session:
                         max_batch_size=max_batch_size, seed=seed)
         policy.run_on_loop = self._run_on_loop
         self.policies[name] = policy
+        self._recipes[name] = {"engine": engine, "max_batch_size": max_batch_size, "seed": seed,
+                               "weight_transfer": weight_transfer, "full_every": full_every}
         return policy
 
     def _remote_policy(self, name, spec, engine, algorithm, optimizer, max_batch_size, seed,
@@ -310,6 +344,11 @@ class Session:
         eval_k: int = 1,
         eval_split: str = "test",
         eval_env: Environment | None = None,
+        checkpoint_every: int | None = None,
+        keep_checkpoints: int = 3,
+        record: str = "sample",
+        record_per_step: int = 8,
+        loggers: Sequence[Tracker | str] = (),
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -335,28 +374,139 @@ class Session:
             eval_env: the environment to evaluate (default: the wired one). It may be another
                 environment than the trained ones if its roles are wired (by name) to one
                 policy each.
+            checkpoint_every: write a checkpoint of every policy (weights, optimizer, version,
+                sample-stream positions, RNG states) into the run's folder each time its
+                version is a multiple of this, and at the end; after a kernel restart
+                `ab.Session.resume(directory)` goes on from the newest one. None: none.
+            keep_checkpoints: checkpoints kept per policy (the newest; at least 2).
+            record: which episodes `run.episodes` keeps (in the run folder's
+                episodes.jsonl.zst, with the last 256 also in memory): "sample" (every failed
+                or truncated episode and `record_per_step` others a step, picked uniformly;
+                the quickstart's 600 steps keep ~5k of ~156k episodes), "all" (every episode)
+                or "none" (failed and truncated ones only). Observers still see every episode.
+            record_per_step: with record="sample", episodes kept per metrics row besides the
+                failed and truncated ones.
+            loggers: experiment trackers that get every metrics row and evaluation window
+                (`astranb.trackers`): "tensorboard", "wandb", "mlflow" (with their defaults)
+                or objects such as `ab.trackers.TensorBoard(logdir)`,
+                `ab.trackers.WandB(project=..., mode="offline")`, `ab.trackers.MLflow(...)`.
+                They log from threads of their own and are closed, their files complete, when
+                the run ends; one that fails is reported once and switched off, never stopping
+                training.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
+        if checkpoint_every is not None:
+            _positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
+                      "(e.g. checkpoint_every=50), or None for no checkpoints")
+            if self._pool is not None or not all(
+                    isinstance(p.trainer, Checkpointable) for p in self.policies.values()):
+                raise ValueError("checkpoint_every is for runs in this process; a trainer "
+                                 "service checkpoints itself (`astranb serve trainer "
+                                 "--checkpoint-every N`)")
         wired = self._check_ready()
         heldout = (None if eval_every is None
                    else self._heldout(wired, eval_env, eval_split, eval_n, eval_k, eval_every))
         policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
-        index = len(self._runs)
-        recorder = Recorder(
-            self.directory / f"run-{index:03d}",
-            {name: _decoder(p) for name, p in policies.items()},
-        )
+        trackers = resolve_trackers(loggers)  # a bad logger fails here, before any work
+        directory = self._next_run_folder()
+        recorder = Recorder(directory, {name: _decoder(p) for name, p in policies.items()},
+                            record=record, per_step=record_per_step, seed=seed)
+        targets = {name: p.version + steps for name, p in policies.items()}
+        if checkpoint_every:
+            evaluation = None if heldout is None else {
+                "env": heldout.env.name, "split": eval_split, "n": eval_n, "k": eval_k,
+                "every": eval_every}
+            write_plan(directory, make_plan(config, wired, self._recipes, targets,
+                                            checkpoint_every=checkpoint_every,
+                                            keep=keep_checkpoints, evaluation=evaluation,
+                                            record={"mode": record, "per_step": record_per_step}))
+        return self._start(config, wired, recorder, heldout, targets=targets,
+                           checkpoints=(checkpoint_every or 0, keep_checkpoints),
+                           loggers=trackers)
+
+    @_also_on_the_class
+    def resume(self, run: str | int | os.PathLike | None = None, *,
+               envs: Mapping[str, Environment] | Sequence[Environment] | None = None,
+               loggers: Sequence[Any] | None = None) -> Run:
+        """Go on with a run that was trained with `checkpoint_every` and interrupted (a kernel
+        restart, a killed process), from its newest good checkpoint, to its target steps.
+
+            session = ab.Session("runs/x")   # after the restart: a fresh Session on the folder
+            run = session.resume()           # or: run = ab.Session.resume("runs/x")
+
+        Policies the Session does not have yet are created from the run's plan (the same
+        model, algorithm and optimizer), and environments made again by name; pass `envs` for
+        ones that cannot be (made with arguments, or not registered). The trainers load their
+        checkpoints (checked bit for bit), the engines get those weights, and the run goes on in
+        its own folder: metrics continue the same series (rows of steps after the checkpoint
+        are set aside in metrics.discarded.jsonl), a "resumed" event marks the restart, and
+        nothing generated before it is trained on.
+
+        Args:
+            run: which run of this folder (index, "run-002", or a path); default: the newest
+                with checkpoints.
+            envs: environments to wire again, by name (a mapping) or as a list.
+            loggers: experiment trackers, as for `train` (they log the resumed steps).
+
+        Raises:
+            NoCheckpoint: the run has no plan or no good checkpoint.
+            ValueError: the run finished already, or its environments cannot be made again.
+        """
+        trackers = resolve_trackers(loggers)
+        found: Resumption = restore(self, run_folder(self.directory, run), envs)
+        for policy in {p.name: p for _, w, _ in found.wired for p in w.values()}.values():
+            self._loop().call(policy.publish)  # the engines sample from the loaded weights
+        plan = found.plan
+        heldout = None
+        if plan.get("evaluation"):
+            e = plan["evaluation"]
+            env = next((env for env, _, _ in found.wired if env.name == e["env"]), None)
+            if env is not None:
+                heldout = self._heldout(found.wired, env, e["split"], e["n"], e["k"], e["every"])
+        policies = sorted({p.name for _, w, _ in found.wired for p in w.values()})
+        record = plan.get("record") or {}
+        recorder = Recorder(found.directory, {n: _decoder(self.policies[n]) for n in policies},
+                            record=record.get("mode", "sample"),
+                            per_step=record.get("per_step", 8), seed=found.config.seed)
+        recorder.continue_from(found.rows)
+        recorder.add_event("resumed", found.event())
+        return self._start(found.config, found.wired, recorder, heldout, targets=found.targets,
+                           checkpoints=(plan["checkpoint_every"], plan["keep_checkpoints"]),
+                           position=found.position, time_offset=found.time, loggers=trackers)
+
+    def _start(self, config: RunConfig, wired, recorder: Recorder, heldout: HeldOut | None, *,
+               targets: Mapping[str, int], checkpoints: tuple[int, int],
+               position: Mapping[str, Any] | None = None, time_offset: float = 0.0,
+               loggers: Sequence[Tracker] = ()) -> Run:
+        policies = sorted({p.name for _, wiring, _ in wired for p in wiring.values()})
         scope_box: list[anyio.CancelScope] = []
         final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
-        future = self._loop().start_task_soon(self._run_main, config, wired, recorder,
-                                              scope_box, final, heldout)
-        run = Run(config, recorder, future, lambda: self._cancel(scope_box), sorted(policies),
+        resume = {"targets": dict(targets), "checkpoints": checkpoints,
+                  "position": position or {}, "time_offset": time_offset}
+        info = RunInfo.begin(recorder, config, wired,  # run.json: settings, then how it ended
+                             stopped=lambda: bool(scope_box) and scope_box[0].cancel_called)
+        trackers = None if not loggers else Trackers(
+            loggers, recorder, run_hyperparameters(config, wired, heldout),
+            {role: p.name for role, p in (heldout.wiring if heldout else {}).items()})
+        future = self._loop().start_task_soon(info.watch, self._run_main, config, wired,
+                                              recorder, scope_box, final, heldout, resume,
+                                              trackers)
+        if trackers is not None:  # a task that never started: let its trackers go
+            future.add_done_callback(lambda _: trackers.close(wait=False))
+        run = Run(config, recorder, future, lambda: self._cancel(scope_box), policies,
                   lambda: dict(final) or self._loop().call(self._accounting), heldout)
+        run.session = self
         self._runs.append(run)
         return run
+
+    def _next_run_folder(self) -> Path:
+        """run-NNN after every run folder already here (from earlier Sessions too)."""
+        taken = [int(p.name[4:]) for p in self.directory.glob("run-*")
+                 if p.name[4:].isdigit()]
+        return self.directory / f"run-{max(taken, default=-1) + 1:03d}"
 
     @overload
     def evaluate(self, env: Environment | None = None, *, split: None = None, n: int = 128,
@@ -452,6 +602,7 @@ class Session:
             # the portal) unwinds first, while the loop still runs
             self._stack.close()
             self._portal = None
+            self._lock.release()
 
     def __enter__(self) -> Session:
         return self
@@ -569,10 +720,18 @@ class Session:
         return {role: next(iter(names.values())) for role, names in found.items()}
 
     async def _run_main(self, config, wired, recorder: Recorder, scope_box, final,
-                        heldout: HeldOut | None = None) -> None:
-        sources = [Source(env, wiring, weight, config.seed) for env, wiring, weight in wired]
-        self._flow = Dataflow(sources, config, recorder, remote=self._pool,  # read by _accounting
-                              heldout=heldout)
+                        heldout: HeldOut | None, resume: Mapping[str, Any],
+                        trackers: Trackers | None = None) -> None:
+        drawn = list(resume["position"].get("drawn") or [])
+        sources = [Source(env, wiring, weight, config.seed, skip=drawn[i] if i < len(drawn) else 0)
+                   for i, (env, wiring, weight) in enumerate(wired)]
+        every, keep = resume["checkpoints"]
+        flow = self._flow = Dataflow(  # read by _accounting
+            sources, config, recorder, remote=self._pool, heldout=heldout,
+            targets=resume["targets"], time_offset=resume["time_offset"],
+            checkpoint=functools.partial(self._checkpoint, recorder.directory, keep),
+            checkpoint_every=every)
+        flow.orchestrator.restore_position(resume["position"])
         if (heldout is not None and self._pool is not None
                 and all(heldout.env is not env for env, _, _ in wired)):
             self._pool.register_env(heldout.env, heldout.wiring)  # the services play it too
@@ -588,12 +747,27 @@ class Session:
         finally:
             final.update(self._accounting())
             recorder.close()
+            if trackers is not None:  # after the recorder: they have every row; files complete
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(trackers.close)
         if failure is not None:
             # Raised here, outside the except block, so its __context__ is not the task group's
             # ExceptionGroup: IPython prints a traceback that links to an exception group as a
             # plain stderr stream instead of an error output, and nbclient/nbmake/papermill
             # would then miss the failure.
             raise failure
+
+    async def _checkpoint(self, directory: Path, keep: int, policy: Policy) -> None:
+        """Write a checkpoint of `policy` (called by its train loop between two steps)."""
+        flow = self._flow
+        state = {"policy": policy.name, "version": policy.version,
+                 "position": flow.orchestrator.position(),
+                 "time": anyio.current_time() - flow.loops[0].started}
+        root = directory / "checkpoints" / policy.name
+        trainer = policy.trainer
+        assert isinstance(trainer, Checkpointable)  # train() refuses checkpoints otherwise
+        await anyio.to_thread.run_sync(functools.partial(
+            write_checkpoint, root, policy.version, trainer.save, state, keep=keep))
 
     def _accounting(self) -> dict[str, int]:
         """The current run's episode accounting (called on the loop)."""

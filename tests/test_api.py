@@ -16,7 +16,7 @@ def test_exported_names():
         "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "ReplayError", "ServiceError",
         "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "models",
         "environments", "weights", "__version__", "ChatMessage", "ToolOutcome", "DataSource",
-        "RoleEvaluation", "chat", "data",
+        "RoleEvaluation", "chat", "data", "RunRecord", "open_run", "runs", "compare", "trackers",
     ])
     for name in ab.__all__:
         assert hasattr(ab, name), name
@@ -37,7 +37,9 @@ def test_main_signatures():
     assert params(ab.Session.wire) == ["self", "env", "weight", "roles"]
     assert params(ab.Session.train) == [
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",
-        "eval_every", "eval_n", "eval_k", "eval_split", "eval_env"]
+        "eval_every", "eval_n", "eval_k", "eval_split", "eval_env", "checkpoint_every",
+        "keep_checkpoints", "record", "record_per_step", "loggers"]
+    assert params(ab.Session.resume) == ["self", "run", "envs", "loggers"]
     assert params(ab.Session.evaluate) == ["self", "env", "split", "n", "k", "seed"]
     assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "lr", "seed",
                                      "progress"]

@@ -124,6 +124,16 @@ def test_status_line_names_state_versions_and_error():
     assert failed.endswith("error: RuntimeError: boom")
 
 
+def test_a_resumed_run_shows_where_it_was_resumed_on_the_reward_panel():
+    rows = [row("a", s, reward=0.1 * s) for s in range(6)]
+    none = traces(figure(rows, ["a"], 1), "reward")["resumed"]
+    assert none["x"] == [] and none["y"] == []
+    marks = traces(figure(rows, ["a"], 1, resumed=[2, 4]), "reward")["resumed"]
+    assert marks["x"] == [2, 2, None, 4, 4, None]
+    assert marks["y"] == pytest.approx([0.0, 0.5, None, 0.0, 0.5, None])
+    assert to_png(figure(rows, ["a"], 1, resumed=[2]))[:4] == b"\x89PNG"
+
+
 def test_png_is_drawn_from_the_spec():
     data = to_png(figure([row("a", 0), row("a", 1)], ["a"], 2, "title"))
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -342,10 +342,10 @@ def test_run_episodes_step_and_rescore(tiny, tmp_path):
     answer = str(episode.sample["answer"])
     assert dbg.edit(0, answer).rescore().rewards == {"solver": 1.0}
     assert dbg.edit(0, "x").rescore().rewards == {"solver": 0.0}
-    # episodes.jsonl keeps the tool calls and the environment's name, not the environment
-    line = json.loads((run.directory / "episodes.jsonl").read_text().splitlines()[0])
+    # the run's folder keeps the tool calls and the environment's name, not the environment
+    loaded = ab.open_run(run.directory).episodes[0]
+    line = loaded.to_json()
     assert line["tool_calls"] == list(episode.tool_calls) and line["env"] == "Arithmetic"
-    loaded = ab.Episode.from_json(line)
     assert loaded == episode and loaded.environment is None
     with pytest.raises(ValueError, match=r"does not know its environment.*rescore\(env="):
         loaded.debugger().edit(0, answer).rescore()

@@ -223,7 +223,7 @@ def test_training_evaluates_held_out_windows_that_never_reach_a_trainer(tmp_path
     session, policy = make_session(tmp_path, Graded())
     with session:
         run = session.train(steps=4, batch_size=8, group_size=4, max_staleness=1,
-                            eval_every=2, eval_n=4, eval_k=2).wait(progress=False)
+                            eval_every=2, eval_n=4, eval_k=2, record="all").wait(progress=False)
     # nothing held out was buffered, hence trained, or recorded or counted as an episode
     assert buffered and not any(s.get("heldout") for s in buffered)
     assert not any(e.sample.get("heldout") for e in run.episodes)

@@ -4,7 +4,9 @@ interpreter shutdown (astranb/_loopthread.py). Each case runs a real script in a
 from __future__ import annotations
 
 import gc
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -144,3 +146,105 @@ class _Closable:
     def close(self) -> None:
         self.closed += 1
         _loopthread.untrack(self)
+
+
+@pytest.mark.slow  # a real training script in a subprocess
+def test_ctrl_c_while_waiting_exits_promptly_and_keeps_the_record(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE.format(dump=HANG - 10) + textwrap.dedent("""
+        run = session.train(steps=10_000, batch_size=8, group_size=4, max_staleness=1)
+        run.wait(progress=False)
+    """))
+    env = {**os.environ, "ASTRANB_DISPLAY": "none", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "run-000" / "metrics.jsonl"
+    deadline = time.monotonic() + HANG
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=HANG)
+    gap = time.monotonic() - sent
+    print(f"exit {gap:.2f} s after SIGINT")
+    assert gap < EXIT_WITHIN, err[-6000:]
+    # one traceback, the interrupt's, and it says the run was left going until the exit
+    assert err.count("Traceback") == 1, err
+    assert "KeyboardInterrupt: stopped waiting; the run goes on" in err
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(rows) >= 2 and [r["step"] for r in rows] == list(range(len(rows)))
+
+
+@pytest.mark.slow  # a real training script in a subprocess
+def test_a_failed_run_exits_promptly_with_its_error(tmp_path):
+    script = tmp_path / "script.py"
+    prelude = PRELUDE.format(dump=HANG - 10).replace(
+        'session.wire(ab.environments.load("arithmetic"), solver=policy)\n', "")
+    script.write_text(prelude + textwrap.dedent("""
+        class Broken(ab.Environment):
+            roles = ("solver",)
+            def samples(self, seed):
+                while True:
+                    yield {"x": 1}
+            async def episode(self, ctx, sample):
+                raise RuntimeError("the environment is broken")
+        session.wire(Broken(), solver=policy)
+        run = session.train(steps=3, batch_size=8, group_size=4)
+        try:
+            run.wait(progress=False)
+        finally:
+            print("END", time.time(), flush=True)
+    """))
+    env = {**os.environ, "ASTRANB_DISPLAY": "none", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG)
+    ended = time.time()
+    marks = [line for line in proc.stdout.splitlines() if line.startswith("END ")]
+    assert marks, proc.stdout + proc.stderr
+    assert ended - float(marks[-1].split()[1]) < EXIT_WITHIN
+    assert proc.returncode == 1
+    assert "the environment is broken" in proc.stderr
+    assert "Exception ignored" not in proc.stderr and "terminate called" not in proc.stderr
+
+
+@pytest.mark.slow  # a real kernel
+def test_interrupting_await_run_in_a_kernel_stops_the_waiting_not_the_run(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        def execute(code: str, timeout: float = HANG) -> dict:
+            outputs: list[dict] = []
+            reply = kc.execute_interactive(code, timeout=timeout,
+                                           output_hook=lambda msg: outputs.append(msg))
+            return {"reply": reply["content"], "outputs": outputs}
+
+        def value(code: str) -> str:
+            result = execute(code)
+            assert result["reply"]["status"] == "ok", result["reply"]
+            texts = [m["content"]["data"]["text/plain"] for m in result["outputs"]
+                     if m["msg_type"] == "execute_result"]
+            return texts[-1]
+
+        setup = "import astranb as ab\n" + PRELUDE.split("import astranb as ab\n", 1)[1]
+        assert execute("import os; os.environ['ASTRANB_DISPLAY'] = 'none'\n" + setup
+                       )["reply"]["status"] == "ok"
+        execute("run = session.train(steps=10_000, batch_size=8, group_size=4)")
+        msg_id = kc.execute("await run")
+        time.sleep(3)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=HANG)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=HANG)
+        assert reply["content"]["status"] == "error"
+        assert "the run goes on in the background" in reply["content"]["evalue"]
+        assert value("run.status") == "'running'"
+        steps = int(value("len(run.rows)"))
+        time.sleep(2)
+        assert int(value("len(run.rows)")) > steps  # it still trains
+        execute("run.stop()\nimport time\nwhile run.status == 'running': time.sleep(0.1)")
+        assert value("run.status") == "'stopped'"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

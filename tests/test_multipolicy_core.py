@@ -44,8 +44,8 @@ def test_each_policy_trains_only_on_its_own_turns(tmp_path):
     batches = {p.name: capture_batches(p) for p in (solver, verifier)}
     with session:
         session.wire(Duet(), solver=solver, verifier=verifier)
-        run = session.train(steps=3, batch_size=8, group_size=4,
-                            max_staleness=1).wait(progress=False)
+        run = session.train(steps=3, batch_size=8, group_size=4, max_staleness=1,
+                            record="all").wait(progress=False)
     episodes = {e.index: e for e in run.episodes}
     assert set(run.metrics["policy"]) == {"solver", "verifier"}
     for name, seen in batches.items():
@@ -80,8 +80,8 @@ def test_environments_are_sampled_by_weight(tmp_path):
     with session:
         session.wire(CountA(), weight=3.0, solver=policy)
         session.wire(OnlyB(), weight=1.0, solver=policy)
-        run = session.train(steps=6, batch_size=16, group_size=4,
-                            max_staleness=1).wait(progress=False)
+        run = session.train(steps=6, batch_size=16, group_size=4, max_staleness=1,
+                            record="all").wait(progress=False)
         with pytest.raises(ValueError, match="several environments are wired"):
             session.evaluate(n=4)
         with pytest.raises(ValueError, match="weight must be a number > 0"):

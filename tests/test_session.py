@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
@@ -104,8 +103,8 @@ def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeyp
     session, policy = make_session(tmp_path, env=CountA(max_new_tokens=48))
     slow_decodes(monkeypatch, 0.003)
     with session:
-        run = session.train(steps=6, batch_size=8, group_size=4,
-                            max_staleness=1).wait(progress=False)
+        run = session.train(steps=6, batch_size=8, group_size=4, max_staleness=1,
+                            record="all").wait(progress=False)
     spanning = [t for e in run.episodes for t in e.turns if len(set(t["versions"])) > 1]
     assert spanning, "expected some generations to span a weight update"
     assert all(t["versions"] == sorted(t["versions"]) for t in spanning)
@@ -152,10 +151,11 @@ def test_failing_episodes_are_recorded_and_the_run_goes_on(tmp_path):
     assert failed and "deliberate failure" in failed[0].error
     assert run.metrics["failed_episodes"].iloc[-1] >= len(failed) - 8 > 0
     assert run.status == "finished"
-    lines = (run.directory / "episodes.jsonl").read_text().splitlines()
-    on_disk = [json.loads(line) for line in lines]
-    assert len(on_disk) == len(run.episodes)  # nothing collected is lost
+    on_disk = [e.to_json() for e in ab.open_run(run.directory).episodes]
+    assert len(on_disk) == len(run.episodes)  # nothing kept is lost
     assert sum(e["error"] is not None for e in on_disk) == len(failed)
+    # every failed episode is kept (the default record samples only the others)
+    assert len(failed) >= run.rows[-1]["failed_episodes"]
 
 
 def test_an_environment_that_always_fails_stops_the_run_with_its_error(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 
 import anyio
@@ -13,6 +12,7 @@ import pytest
 pytest.importorskip("trio", reason="the simulator's virtual clock is trio's MockClock")
 
 from astranb import sim  # noqa: E402
+from astranb.recorder import EpisodeLog  # noqa: E402
 from astranb.sim import Lengths, RolloutCosts, SimConfig, TrainCosts, Workload  # noqa: E402
 
 
@@ -77,8 +77,8 @@ def test_staleness_bound_holds_per_policy(mode, max_staleness):
 
 def test_in_flight_updates_give_later_tokens_the_new_version(tmp_path):
     sim.simulate(small(), directory=tmp_path)
-    lines = (tmp_path / "independent" / "episodes.jsonl").read_text().splitlines()
-    turns = [turn for line in lines for turn in json.loads(line)["turns"]]
+    episodes = EpisodeLog(tmp_path / "independent")
+    turns = [turn for episode in episodes for turn in episode.turns]
     mixed = [t["versions"] for t in turns if len(set(t["versions"])) > 1]
     assert mixed, "some generation should span a weight update"
     assert all(v == sorted(v) for v in mixed)

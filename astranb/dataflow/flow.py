@@ -69,11 +69,19 @@ class Dataflow:
         recorder: where rows, events and episodes go.
         remote: rollout services that play the episodes (None: played in this process).
         workers: concurrent group workers (None: the staleness gate's capacity).
+        heldout: what to evaluate while training (None: nothing).
+        targets: policy name -> the version it trains to (default: its version now plus
+            `config.steps`); a resumed run goes on to the interrupted run's targets.
+        checkpoint: writes a checkpoint of a policy, every `checkpoint_every` versions.
+        time_offset: seconds added to every row's `time` (a resumed run's clock goes on from
+            its checkpoint's).
     """
 
     def __init__(self, sources: Sequence[Source], config: RunConfig, recorder: RunRecorder, *,
                  remote: RemoteEpisodes | None = None, workers: int | None = None,
-                 heldout: HeldOut | None = None):
+                 heldout: HeldOut | None = None, targets: Mapping[str, int] | None = None,
+                 checkpoint: Callable[[PolicyHandle], Coroutine[Any, Any, None]] | None = None,
+                 checkpoint_every: int = 0, time_offset: float = 0.0):
         self.config, self.remote, self.recorder = config, remote, recorder
         self.policies = {n: p for src in sources for n, p in src.policies.items()}
         self.gate = StalenessGate(self.policies, config.groups_per_batch, config.max_staleness)
@@ -85,11 +93,13 @@ class Dataflow:
         barrier = VersionBarrier(self.policies) if config.mode == "barrier" else None
         self.loops = [
             TrainLoop(p, self.buffers[n], self.gate, recorder, self.orchestrator.counters,
-                      p.version + config.steps, config.groups_per_batch, config.max_staleness,
-                      remote=remote, barrier=barrier)
+                      (targets or {}).get(n, p.version + config.steps), config.groups_per_batch,
+                      config.max_staleness, remote=remote, barrier=barrier,
+                      checkpoint=checkpoint, checkpoint_every=checkpoint_every)
             for n, p in self.policies.items()
         ]
         self.workers = workers or self.gate.capacity
+        self.time_offset = time_offset
         self.heldout = heldout
         if heldout is not None:
             untrained = {p.name for p in heldout.wiring.values()} - set(self.policies)
@@ -117,7 +127,7 @@ class Dataflow:
         """
         started = anyio.current_time()  # the event loop's clock (virtual in the simulator)
         for loop in self.loops:
-            loop.started = started
+            loop.started = started - self.time_offset
         async with anyio.create_task_group() as tg:
             if self.remote is not None:
                 tg.start_soon(self.remote.run)
@@ -125,7 +135,7 @@ class Dataflow:
                 tg.start_soon(task)
             async with anyio.create_task_group() as awaited:
                 if self.heldout is not None:
-                    awaited.start_soon(self._evaluate, self.heldout, started)
+                    awaited.start_soon(self._evaluate, self.heldout, started - self.time_offset)
                 async with anyio.create_task_group() as rollouts:
                     rollouts.start_soon(self.orchestrator.run, self.workers)
                     async with anyio.create_task_group() as trainers:

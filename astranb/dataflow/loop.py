@@ -50,6 +50,11 @@ class TrainLoop:
     published: int = -1
     """The version the samplers hold: set at the start and after every publish (what held-out
     evaluation windows wait for)."""
+    checkpoint: Callable[[PolicyHandle], Awaitable[None]] | None = None
+    """Writes a checkpoint of the policy (the Session's, with `train(checkpoint_every=...)`)."""
+    checkpoint_every: int = 0
+    """Versions between two checkpoints (0: none). One is written whenever the trainer stands
+    at a multiple of it, idle, with the rows of every step before it recorded, and at the end."""
 
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
@@ -59,9 +64,14 @@ class TrainLoop:
 
     async def run(self) -> None:
         try:
+            started_at = self.policy.version
             while self.policy.version < self.steps:
+                if self.policy.version != started_at and self._checkpoint_due():
+                    await self._checkpoint()
                 await self.step()
             await self._finish_publishing()
+            if self.checkpoint is not None and self.checkpoint_every:
+                await self._checkpoint()  # the final version: the run can be continued later
         finally:
             if self._publishing is not None:  # cancelled or failed meanwhile
                 self._publishing.cancel()
@@ -112,6 +122,17 @@ class TrainLoop:
             self._publishing = _start(publish)
             return {"policy": policy.name, "step": version, "version": version + 1}
         return await publish()
+
+    def _checkpoint_due(self) -> bool:
+        return (self.checkpoint is not None and self.checkpoint_every > 0
+                and self.policy.version % self.checkpoint_every == 0)
+
+    async def _checkpoint(self) -> None:
+        # the trainer is idle between two steps; the previous step's row must be on record
+        # first, so the checkpoint at version v goes with exactly the rows of steps < v
+        await self._finish_publishing()
+        assert self.checkpoint is not None
+        await self.checkpoint(self.policy)
 
     async def _finish_publishing(self) -> None:
         task, self._publishing = self._publishing, None

@@ -84,9 +84,11 @@ class Source:
     """One wired environment: its roles' policies, its sampling weight and its sample stream."""
 
     def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle], weight: float = 1.0,
-                 seed: int = 0):
+                 seed: int = 0, skip: int = 0):
         if not weight > 0:
             raise ValueError(f"{env.name}: sampling weight must be > 0, got {weight!r}")
+        if skip < 0:
+            raise ValueError(f"{env.name}: skip must be >= 0, got {skip!r}")
         self.env, self.wiring, self.weight = env, dict(wiring), float(weight)
         self.policies = {p.name: p for p in self.wiring.values()}
         self.tokenizers = {p.name: p.tokenizer for p in self.policies.values()
@@ -94,6 +96,22 @@ class Source:
         """Policy name -> tokenizer, handed to every recorded episode (the debugger's tokens)."""
         self.samples: Iterator[Mapping[str, Any]] | None = iter(env.samples(seed))
         """The sample stream; None once it has ended."""
+        self.drawn = 0
+        """Samples taken from the stream so far (skipped ones included): where a resumed run
+        picks the stream up (`skip`)."""
+        if skip:
+            # a resumed run goes on where the checkpointed one was, not from the first sample
+            for _ in itertools.islice(self.samples, skip):
+                self.drawn += 1
+
+    def next_sample(self) -> Mapping[str, Any] | None:
+        """The stream's next sample, or None (and the stream marked ended) once it has ended."""
+        sample = next(self.samples, None) if self.samples is not None else None
+        if sample is None:
+            self.samples = None
+        else:
+            self.drawn += 1
+        return sample
 
 
 class Orchestrator:
@@ -135,6 +153,19 @@ class Orchestrator:
         self._max_failures = max_consecutive_failures
         self.remote = remote
 
+    def position(self) -> dict[str, Any]:
+        """Where the sample streams and the environment choice stand (JSON), for a checkpoint:
+        `restore_position` on a new orchestrator with the same sources goes on from here."""
+        return {"drawn": [src.drawn for src in self.sources],
+                "choice_rng": _rng_to_json(self._rng.getstate())}
+
+    def restore_position(self, position: Mapping[str, Any]) -> None:
+        """Continue the environment choice where `position()` left it (the sample streams are
+        skipped ahead when their Sources are built: `Source(..., skip=drawn)`)."""
+        state = position.get("choice_rng")
+        if state is not None:
+            self._rng.setstate(_rng_from_json(state))
+
     async def run(self, workers: int) -> None:
         """Run `workers` group workers until cancelled (or every sample stream ends)."""
         async with anyio.create_task_group() as tg:
@@ -153,9 +184,8 @@ class Orchestrator:
             await self.gate.admit(names)
             # _choose() saw this stream live, but another worker may have ended it while
             # admit() waited
-            sample = next(source.samples, None) if source.samples is not None else None
+            sample = source.next_sample()
             if sample is None:
-                source.samples = None
                 self.gate.release({n: 1 for n in names})
                 continue
             group = await self.play_group(sample, source)
@@ -276,3 +306,13 @@ async def play_heldout(env: Environment, wiring: Mapping[str, PolicyHandle],
     done = [t for t in flat if t is not None]
     assert len(done) == len(flat)  # every task above filled its slot
     return [done[i * k:(i + 1) * k] for i in range(len(samples))]
+
+
+def _rng_to_json(state: tuple[Any, ...]) -> list[Any]:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(state: Sequence[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -59,7 +59,8 @@ _RATE_WINDOW = 4
 def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_staleness: int,
            title: str = "", max_points: int = 500, *,
            evaluations: Sequence[Mapping[str, Any]] | None = None,
-           eval_roles: Sequence[str] = (), eval_k: int = 1) -> dict[str, Any]:
+           eval_roles: Sequence[str] = (), eval_k: int = 1,
+           resumed: Sequence[int] = ()) -> dict[str, Any]:
     """Every panel as one plotly figure dict (`{"data": [...], "layout": {...}}`).
 
     The traces are the same, in the same order, for any number of rows (empty lists before the
@@ -76,6 +77,9 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
             adds the held-out panel: avg@k (solid) and pass@k (dashed) of each of `eval_roles`
             against the version each window began at.
         eval_roles: the evaluated environment's roles; eval_k: its plays per problem.
+        resumed: steps at which the run was resumed after an interruption (`Session.resume`):
+            a dotted vertical line each on the reward panel (the steps before it were trained
+            by the process that died).
     """
     traces: list[dict[str, Any]] = []
     panels = PANELS if evaluations is None else (*PANELS, HELDOUT_PANEL)
@@ -100,6 +104,14 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         add("reward", p, steps, _col(mine[p], "reward"), p, legend=True)
         add("staleness", f"{p} mean", steps, _col(mine[p], "staleness_mean"), p)
         add("staleness", f"{p} max", steps, _col(mine[p], "staleness_max"), p, dash="dot")
+    rewards = [r for r in _col(rows, "reward") if isinstance(r, (int, float)) and r == r]
+    low, high = (min(rewards, default=0.0), max(rewards, default=1.0))
+    marks_x: list[Any] = []
+    marks_y: list[Any] = []
+    for step in resumed:
+        marks_x += [step, step, None]
+        marks_y += [low, high, None]
+    add("reward", "resumed", marks_x, marks_y, dash="dot", color="#444444")
     last_step = max((r["step"] for r in rows), default=0)
     add("staleness", "bound", [0, last_step], [max_staleness, max_staleness], dash="dash")
 
@@ -364,11 +376,13 @@ class View:
         evaluates)."""
         run = self.run
         heldout = run.heldout
+        resumed = [e["step"] for e in run.events if e.get("kind") == "resumed"]
         if heldout is None:
-            return figure(run.rows, run.policies, run.config.max_staleness, self.status())
+            return figure(run.rows, run.policies, run.config.max_staleness, self.status(),
+                          resumed=resumed)
         return figure(run.rows, run.policies, run.config.max_staleness, self.status(),
                       evaluations=run.evaluation_rows, eval_roles=heldout.env.roles,
-                      eval_k=heldout.k)
+                      eval_k=heldout.k, resumed=resumed)
 
     def status(self) -> str:
         run = self.run

@@ -250,7 +250,7 @@ class EpisodeDebugger:
         if env is None:
             raise ValueError(
                 f"episode {self.episode.index} does not know its environment "
-                f"({self.episode.env or 'unnamed'}; episodes read back from episodes.jsonl keep "
+                f"({self.episode.env or 'unnamed'}; episodes read back from a run's folder keep "
                 "only its name); pass it: dbg.rescore(env=ab.environments.load(...))")
         edits, self._edits = dict(self._edits), {}
         try:

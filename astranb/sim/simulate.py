@@ -300,7 +300,8 @@ def _setup(config: SimConfig, schedule: str) -> _Setup:
 
 
 def _run_schedule(config: SimConfig, schedule: str, directory: Path):
-    recorder = Recorder(directory, {name: lambda ids: "" for name in POLICIES})
+    # every episode: _overgeneration counts the finished episodes of each group
+    recorder = Recorder(directory, {name: lambda ids: "" for name in POLICIES}, record="all")
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # batches are small here; more threads only contend

@@ -30,9 +30,14 @@ CELLS = [
     new_code_cell(
         "import os\nimport tempfile\n\n"
         "if os.environ.get(\"ASTRANB_SMOKE\"):"
-            "  # the test suite runs this notebook small and fast\n"
-        "    steps, batch_size, eval_episodes = 3, 16, 16\n"
-        "    run_dir = results_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")"
+            "  # the test suite runs this notebook small and fast:\n"
+        "    # the full-size defaults shrink, values set with -p (astranb run, sweep) are kept\n"
+        "    steps = 3 if steps == 600 else steps\n"
+        "    batch_size = 16 if batch_size == 128 else batch_size\n"
+        "    eval_episodes = 16 if eval_episodes == 512 else eval_episodes\n"
+        "    smoke_dir = tempfile.mkdtemp(prefix=\"astranb-smoke-\")\n"
+        "    run_dir = smoke_dir if run_dir == \"../runs/quickstart\" else run_dir\n"
+        "    results_dir = smoke_dir if results_dir == \"../results\" else results_dir"
     ),
     new_code_cell(
         "import astranb as ab\n\n"

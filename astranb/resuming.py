@@ -1,0 +1,327 @@
+"""Bringing an embedded run back after its kernel died: the plan a run leaves, how a Session
+rebuilds policies and wiring from it, and the lock that keeps two Sessions off one folder.
+
+`session.train(checkpoint_every=N)` writes the run's *plan* (plan.json, see `checkpoint.py`)
+before it starts: its settings, each policy's target version, each policy's recipe (the
+arguments `Session.policy` took) and the wiring by environment name. `Session.resume` reads it
+in a fresh process and calls `restore`: policies that the Session does not have yet are created
+from their recipes, environments are made again by name (`ab.environments.load`) unless the
+caller passes them, each trainer loads its newest good checkpoint (its weights checked bit for
+bit against the checkpoint's checksum) and the engines get those weights before anything plays.
+
+Lock: a Session writes `<folder>/session.lock` (pid, host, time) and removes it on close. A
+second Session on the same folder while the owner lives is refused, with the owner named. A lock
+whose process is gone (kill -9, a dead kernel) is taken over. Within one process, an earlier
+Session on the folder that runs nothing is closed first (a notebook cell run again); one that is
+still training is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import environments
+from .algorithms.config import algorithm_from_dict, algorithm_to_dict
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    NoCheckpoint,
+    latest_good,
+    read_plan,
+    restore_rng,
+    set_aside_rows,
+)
+from .contracts import Checkpointable
+from .dataflow.config import RunConfig
+from .errors import AstranbError
+from .models import ModelSpec
+from .training.local import AdamWConfig
+from .weights.codec import checksum
+
+if TYPE_CHECKING:
+    from .environments.base import Environment
+    from .policy import Policy
+
+__all__ = ["Resumption", "FolderLocked", "FolderLock", "make_plan", "restore", "run_folder"]
+
+
+class FolderLocked(AstranbError, RuntimeError):
+    """Another live Session writes to this folder."""
+
+
+# -- the plan --------------------------------------------------------------------------------------
+
+def make_plan(config: RunConfig, wired: Sequence[tuple[Any, Mapping[str, Any], float]],
+              recipes: Mapping[str, Mapping[str, Any]], targets: Mapping[str, int], *,
+              checkpoint_every: int, keep: int, evaluation: Mapping[str, Any] | None,
+              record: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """plan.json's content (plain values only)."""
+    policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
+    return {
+        "format": 1,
+        "config": dataclasses.asdict(config),
+        "targets": dict(targets),
+        "checkpoint_every": checkpoint_every,
+        "keep_checkpoints": keep,
+        "policies": {name: _recipe(policy, recipes.get(name, {}))
+                     for name, policy in sorted(policies.items())},
+        "wiring": [{"env": env.name, "registry": _registry(env),
+                    "roles": {role: p.name for role, p in wiring.items()}, "weight": weight}
+                   for env, wiring, weight in wired],
+        "evaluation": dict(evaluation) if evaluation else None,
+        "record": dict(record) if record else None,
+    }
+
+
+def _registry(env: Any) -> dict[str, Any] | None:
+    """How `ab.environments.load` made `env` (name and JSON-able arguments), or None."""
+    name = getattr(env, "registry_name", None)
+    if name is None:
+        return None
+    kwargs = dict(getattr(env, "registry_kwargs", None) or {})
+    try:
+        json.dumps(kwargs, allow_nan=False)
+    except (TypeError, ValueError):
+        return None  # made with objects: the caller passes the environment again
+    return {"name": name, "kwargs": kwargs}
+
+
+def _recipe(policy: Policy, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model": dataclasses.asdict(policy.spec),
+            "algorithm": algorithm_to_dict(policy.algorithm),
+            "optimizer": dataclasses.asdict(policy.optimizer), "options": dict(options)}
+
+
+# -- restoring -------------------------------------------------------------------------------------
+
+@dataclass
+class Resumption:
+    """What `restore` found and did: everything `Session.resume` needs to start the run."""
+
+    directory: Path
+    config: RunConfig
+    wired: list[tuple[Environment, dict[str, Policy], float]]
+    targets: dict[str, int]
+    checkpoints: dict[str, Checkpoint]
+    rows: list[dict[str, Any]]
+    """The metrics rows kept (steps before each policy's checkpoint)."""
+    plan: dict[str, Any]
+
+    @property
+    def position(self) -> Mapping[str, Any]:
+        """The sample streams' position at the newest checkpoint."""
+        newest = max(self.checkpoints.values(), key=lambda c: c.state.get("time", 0.0))
+        return newest.state.get("position") or {}
+
+    @property
+    def time(self) -> float:
+        """The run's clock at the newest checkpoint (rows go on from it)."""
+        return max(float(c.state.get("time", 0.0)) for c in self.checkpoints.values())
+
+    def event(self) -> dict[str, Any]:
+        return {
+            "run": self.directory.name,
+            "versions": {n: c.version for n, c in self.checkpoints.items()},
+            "checkpoints": {n: c.path.name for n, c in self.checkpoints.items()},
+            "weights_checksum": {n: c.weights_checksum for n, c in self.checkpoints.items()},
+            "step": min(c.version for c in self.checkpoints.values()),
+            "time": self.time,
+            "resumed_at": time.time(),
+        }
+
+
+def run_folder(directory: Path, run: str | int | os.PathLike | None) -> Path:
+    """The run folder to resume: the newest one with a plan, or the one named."""
+    if run is None:
+        found = sorted(p for p in directory.glob("run-*") if (p / "plan.json").is_file())
+        if not found:
+            raise NoCheckpoint(f"{directory} holds no run trained with checkpoint_every=N: "
+                               "there is nothing to resume")
+        return found[-1]
+    path = (directory / f"run-{run:03d}" if isinstance(run, int)
+            else Path(run) if Path(run).is_absolute() or Path(run).exists()
+            else directory / str(run))
+    if not path.is_dir():
+        raise NoCheckpoint(f"no run folder {path}")
+    return path
+
+
+def restore(session: Any, directory: Path,
+            envs: Mapping[str, Environment] | Sequence[Environment] | None) -> Resumption:
+    """Rebuild what the plan in `directory` describes on `session` and load the checkpoints.
+
+    Policies missing from the session are created from their recipes; environments are made
+    again by name unless `envs` holds them (or the session already wires them). Each trainer
+    loads its newest good checkpoint; its weights must hash to the checkpoint's checksum.
+    """
+    plan = read_plan(directory)
+    policies = _policies(session, plan)
+    wired = _wiring(session, plan, policies, envs)
+    checkpoints: dict[str, Checkpoint] = {}
+    for name, policy in policies.items():
+        found = latest_good(directory / "checkpoints" / name)
+        trainer = policy.trainer
+        if not isinstance(trainer, Checkpointable):
+            raise CheckpointError(f"the trainer of {name!r} ({type(trainer).__name__}) cannot "
+                                  "load checkpoints")
+        trainer.load(found.path)
+        loaded = checksum(policy.trainer.weights())
+        if loaded != found.weights_checksum:
+            raise CheckpointError(
+                f"{found.path}: the trainer's weights after loading hash to {loaded}, the "
+                f"checkpoint says {found.weights_checksum}; the model recipe differs from the "
+                "one that wrote it")
+        checkpoints[name] = found
+    newest = max(checkpoints.values(), key=lambda c: c.state.get("time", 0.0))
+    restore_rng(newest.path)
+    targets = {name: int(v) for name, v in plan["targets"].items()}
+    if all(checkpoints[n].version >= targets[n] for n in checkpoints):
+        raise ValueError(
+            f"{directory.name} finished: every policy is at its target version ({targets}); "
+            "there is nothing to resume. Train on with session.train(steps=...)")
+    rows = set_aside_rows(directory, {n: c.version for n, c in checkpoints.items()})
+    config = RunConfig(**plan["config"])
+    return Resumption(directory, config, wired, targets, checkpoints, rows, plan)
+
+
+def _policies(session: Any, plan: Mapping[str, Any]) -> dict[str, Policy]:
+    found: dict[str, Policy] = {}
+    for name, recipe in plan["policies"].items():
+        spec = ModelSpec(**recipe["model"])
+        policy = session.policies.get(name)
+        if policy is None:
+            optimizer = dict(recipe["optimizer"])
+            optimizer["betas"] = tuple(optimizer.get("betas", (0.9, 0.999)))
+            policy = session.policy(name, spec,
+                                    algorithm=algorithm_from_dict(dict(recipe["algorithm"])),
+                                    optimizer=AdamWConfig(**optimizer), **recipe["options"])
+        elif policy.spec != spec:
+            raise ValueError(f"policy {name!r} of this session has another model than the run "
+                             f"to resume ({policy.spec.name} against {spec.name}); resume in a "
+                             "fresh Session, or create the policy with the run's model")
+        found[name] = policy
+    return found
+
+
+def _wiring(session: Any, plan: Mapping[str, Any], policies: Mapping[str, Policy],
+            envs: Mapping[str, Environment] | Sequence[Environment] | None) -> list:
+    given = dict(envs) if isinstance(envs, Mapping) else {e.name: e for e in envs or ()}
+    wired_now = {env.name: env for env, _, _ in session._wiring}
+    wired = []
+    for entry in plan["wiring"]:
+        name = entry["env"]
+        env = given.get(name) or wired_now.get(name)
+        if env is None:
+            registry = entry.get("registry")
+            if registry is None:
+                raise ValueError(
+                    f"the run trained on environment {name!r}, which was not made by "
+                    "ab.environments.load(name, ...) with plain arguments, so it cannot be made "
+                    "again here; pass it: session.resume(envs=[env])")
+            try:
+                env = environments.load(registry["name"], **registry["kwargs"])
+            except (ValueError, TypeError) as error:
+                raise ValueError(
+                    f"the run trained on environment {name!r}, which cannot be made again "
+                    f"({error}); pass it: session.resume(envs=[env])") from error
+        roles = {role: policies[p] for role, p in entry["roles"].items()}
+        session.wire(env, weight=entry["weight"], **roles)
+        wired.append((env, roles, float(entry["weight"])))
+    return wired
+
+
+# -- the folder lock -------------------------------------------------------------------------------
+
+_holders: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+"""Lock path -> the Session of this process that holds it."""
+
+
+class FolderLock:
+    """`<folder>/session.lock`: one live Session per folder (see the module docstring)."""
+
+    def __init__(self, directory: Path, owner: Any):
+        self.path = directory / "session.lock"
+        key = str(self.path.resolve())
+        earlier = _holders.get(key)
+        if earlier is not None and earlier is not owner:
+            if any(run.status == "running" for run in earlier.runs):
+                raise FolderLocked(
+                    f"another Session of this process trains in {directory} right now; stop "
+                    "it first (run.stop(), then session.close()), or use another folder")
+            earlier.close()  # a notebook cell run again: the old Session is done with
+        self._take(directory)
+        _holders[key] = owner
+        self._key = key
+        self._owner = weakref.ref(owner)
+
+    def _take(self, directory: Path) -> None:
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = _read_owner(self.path)
+                if owner is not None and _alive(owner):
+                    since = time.strftime("%Y-%m-%d %H:%M:%S",
+                                          time.localtime(owner.get("since", 0)))
+                    raise FolderLocked(
+                        f"{directory} is in use by a Session of pid {owner.get('pid')} on host "
+                        f"{owner.get('host')} (since {since}); close it there "
+                        "(session.close()) or use another folder. If that process is gone, "
+                        f"delete {self.path}") from None
+                self.path.unlink(missing_ok=True)  # its owner is gone: take it over
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return
+        raise FolderLocked(f"could not take {self.path}: another process keeps creating it")
+
+    def release(self) -> None:
+        owner = _read_owner(self.path)
+        if owner is not None and owner.get("pid") == os.getpid() and \
+                owner.get("host") == socket.gethostname():
+            self.path.unlink(missing_ok=True)
+        if _holders.get(self._key) is self._owner():
+            _holders.pop(self._key, None)
+
+
+def _read_owner(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(owner: Mapping[str, Any]) -> bool:
+    """Whether the lock's owner may still be running (another host's process: assume so)."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return False  # this process took it in a Session that is gone (collected)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

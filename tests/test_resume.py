@@ -1,0 +1,294 @@
+"""Checkpoints and resume of an embedded run (astranb/checkpoint.py, astranb/resuming.py).
+
+The main case runs real processes: a script trains with checkpoint_every=5 and is killed with
+SIGKILL at a random step; a second process resumes it. The others check the pieces: a torn
+checkpoint is skipped with a warning, the folder lock, full and read-only disks (a small tmpfs;
+root only), and the errors that say what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+import astranb as ab
+from astranb.checkpoint import (
+    CheckpointError,
+    NoCheckpoint,
+    latest_good,
+    read_checkpoints,
+    set_aside_rows,
+    verify,
+)
+from astranb.resuming import FolderLocked
+from astranb.weights.codec import checksum
+
+STEPS = 30
+EVERY = 5
+STALENESS = 2
+
+TRAIN = """\
+import sys
+import astranb as ab
+session = ab.Session(sys.argv[1])
+policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                        optimizer=ab.AdamWConfig(lr=3e-3), max_batch_size=32)
+session.wire(ab.environments.load("arithmetic"), solver=policy)
+run = session.train(steps={steps}, batch_size=32, group_size=8, max_staleness={staleness},
+                    checkpoint_every={every}{extra})
+run.wait(progress=False)
+print(run.summary())
+"""
+
+RESUME = """\
+import json, sys
+import astranb as ab
+run = ab.Session.resume(sys.argv[1])
+run.wait(progress=False)
+rows = run.rows
+print(json.dumps({"steps": [r["step"] for r in rows],
+                  "stale": [r["step"] - r["token_version_min"] for r in rows],
+                  "events": [e for e in run.events if e["kind"] == "resumed"],
+                  "reward": run.summary()["reward_last_10pct"]}))
+"""
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for_rows(run_dir: Path, n: int, proc: subprocess.Popen, limit: float = 240) -> None:
+    deadline = time.monotonic() + limit
+    while len(_rows(run_dir)) < n:
+        assert proc.poll() is None, f"the training process ended early ({proc.returncode})"
+        assert time.monotonic() < deadline, f"fewer than {n} rows after {limit} s"
+        time.sleep(0.1)
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_in_a_new_process(tmp_path):
+    kill_after = random.Random().randint(EVERY + 2, STEPS - 8)  # rows seen before SIGKILL
+    print(f"killing after {kill_after} rows")
+    folder = tmp_path / "runs"
+    train = _script(tmp_path, "train.py", TRAIN.format(steps=STEPS, staleness=STALENESS,
+                                                      every=EVERY, extra=""))
+    proc = subprocess.Popen([sys.executable, str(train), str(folder)])
+    run_dir = folder / "run-000"
+    try:
+        _wait_for_rows(run_dir, kill_after, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = _rows(run_dir)
+    assert (folder / "session.lock").is_file()  # the dead owner's lock is left behind
+    newest = latest_good(run_dir / "checkpoints" / "solver")
+    assert newest.version % EVERY == 0 and newest.version <= len(before)
+    saved = checksum(load_file(newest.path / "model.safetensors"))
+
+    resume = _script(tmp_path, "resume.py", RESUME)
+    out = subprocess.run([sys.executable, str(resume), str(folder)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+
+    # the step series is continuous: every step once, the ones before the checkpoint kept
+    assert result["steps"] == list(range(STEPS))
+    assert _rows(run_dir)[:newest.version] == [r for r in before if r["step"] < newest.version]
+    # the trainer went on from exactly the checkpointed weights
+    (event,) = result["events"]
+    assert event["versions"] == {"solver": newest.version}
+    assert event["weights_checksum"] == {"solver": saved}
+    # rows of steps the dead process took after its checkpoint are set aside, not lost
+    discarded = [json.loads(line) for line in
+                 (run_dir / "metrics.discarded.jsonl").read_text().splitlines()] \
+        if (run_dir / "metrics.discarded.jsonl").exists() else []
+    assert [r["step"] for r in discarded] == [r["step"] for r in before
+                                              if r["step"] >= newest.version]
+    # the staleness bound held at every step, before and after the restart
+    assert max(result["stale"]) <= STALENESS
+    assert not (folder / "session.lock").exists()
+    print(f"resumed from step {newest.version}; final reward {result['reward']:.3f}")
+
+
+def _train_here(folder: Path, steps: int, every: int | None, **kw) -> ab.Run:
+    session = ab.Session(folder, trainer="thread")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                            optimizer=ab.AdamWConfig(lr=3e-3), max_batch_size=32)
+    session.wire(ab.environments.load("arithmetic"), solver=policy)
+    run = session.train(steps=steps, batch_size=16, group_size=8, max_staleness=1,
+                        checkpoint_every=every, **kw)
+    run.wait(progress=False)
+    return run
+
+
+def test_a_torn_checkpoint_is_skipped_with_a_warning_and_the_previous_one_taken(tmp_path):
+    run = _train_here(tmp_path, 12, 5)
+    run.session.close()
+    root = run.directory / "checkpoints" / "solver"
+    assert [p.name for p in read_checkpoints(root)] == ["step-000005", "step-000010",
+                                                          "step-000012"]
+    model = root / "step-000012" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:1000])  # a writer killed mid-file
+    with pytest.raises(CheckpointError, match="1000 bytes"):
+        verify(root / "step-000012")
+
+    session = ab.Session(tmp_path, trainer="thread")
+    with pytest.warns(RuntimeWarning, match="step-000012.*Resuming from step-000010"):
+        resumed = session.resume()
+    resumed.wait(progress=False)
+    assert [r["step"] for r in resumed.rows] == list(range(12))
+    assert resumed.events[0]["versions"] == {"solver": 10}
+    assert session.policies["solver"].version == 12
+    session.close()
+
+
+def test_a_finished_run_and_a_run_without_checkpoints_say_what_to_do(tmp_path):
+    run = _train_here(tmp_path / "a", 5, 5)
+    run.session.close()
+    with pytest.raises(ValueError, match="finished.*session.train"):
+        ab.Session.resume(tmp_path / "a")
+    assert not (tmp_path / "a" / "session.lock").exists()  # the failed resume closed it
+    run = _train_here(tmp_path / "b", 3, None)
+    run.session.close()
+    with pytest.raises(NoCheckpoint, match="checkpoint_every"):
+        ab.Session(tmp_path / "b").resume()
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        _train_here(tmp_path / "c", 3, 0)
+
+
+def test_runs_of_one_folder_stay_separate_across_sessions(tmp_path):
+    first = _train_here(tmp_path, 2, None)
+    first.session.close()
+    second = _train_here(tmp_path, 2, None)
+    second.session.close()
+    assert (first.directory.name, second.directory.name) == ("run-000", "run-001")
+    assert len(_rows(first.directory)) == len(_rows(second.directory)) == 2
+
+
+def test_a_second_session_on_a_live_folder_is_refused(tmp_path):
+    holder = _script(tmp_path, "hold.py", textwrap.dedent("""\
+        import sys, time
+        import astranb as ab
+        session = ab.Session(sys.argv[1])
+        print("open", flush=True)
+        time.sleep(600)
+        """))
+    proc = subprocess.Popen([sys.executable, str(holder), str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+        with pytest.raises(FolderLocked, match=f"pid {proc.pid} on host"):
+            ab.Session(tmp_path / "runs")
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    # its owner is gone: the lock is taken over
+    session = ab.Session(tmp_path / "runs")
+    lock = json.loads((tmp_path / "runs" / "session.lock").read_text())
+    assert lock["pid"] == os.getpid()
+    # in one process: a Session that trains keeps the folder; an idle one is closed
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2))
+    session.wire(ab.environments.load("arithmetic"), solver=policy)
+    run = session.train(steps=1000, batch_size=16, group_size=8)
+    with pytest.raises(FolderLocked, match="trains in"):
+        ab.Session(tmp_path / "runs")
+    run.stop()
+    while run.status == "running":
+        time.sleep(0.05)
+    again = ab.Session(tmp_path / "runs")  # the idle one is closed for it
+    assert session._portal is None
+    again.close()
+    assert not (tmp_path / "runs" / "session.lock").exists()
+
+
+def test_set_aside_rows_keeps_earlier_steps_and_moves_later_ones(tmp_path):
+    rows = [{"policy": "a", "step": s} for s in range(6)] + \
+           [{"policy": "b", "step": s} for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"policy": "a", "st')  # a torn last line
+    kept = set_aside_rows(tmp_path, {"a": 4, "b": 5})
+    assert kept == rows[:4] + rows[6:]
+    assert _rows(tmp_path) == kept
+    moved = (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()
+    assert moved[:2] == [json.dumps(rows[4]), json.dumps(rows[5])]
+    assert moved[2] == '{"policy": "a", "st'
+
+
+# -- full and read-only disks: a small tmpfs (needs root) ------------------------------------------
+
+def _tmpfs(path: Path, size: str) -> None:
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_full_or_read_only_disk_stops_the_run_with_a_clear_error(tmp_path, fault):
+    disk = tmp_path / "disk"
+    _tmpfs(disk, "64m")
+    mounts = [disk]
+    proc = None
+    try:
+        extra = ", keep_checkpoints=2"
+        train = _script(tmp_path, "train.py", TRAIN.format(steps=400, staleness=1, every=2,
+                                                          extra=extra))
+        proc = subprocess.Popen([sys.executable, str(train), str(disk / "runs")],
+                                stderr=subprocess.PIPE, text=True)
+        run_dir = disk / "runs" / "run-000"
+        _wait_for_rows(run_dir, 5, proc)
+        if fault == "full":
+            with open(disk / "filler", "wb") as f:  # fill the disk to its last byte
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+        else:
+            # the open metrics file keeps a whole-disk remount busy: the checkpoints' folder,
+            # where the next write goes, becomes a read-only bind mount of itself
+            folder = run_dir / "checkpoints"
+            subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+            mounts.append(folder)
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0
+        reason = "No space left on device" if fault == "full" else "Read-only file system"
+        where = run_dir if fault == "full" else run_dir / "checkpoints"
+        assert "CheckpointWriteError" in err or "RecordWriteError" in err, err[-3000:]
+        assert reason in err and "free on that disk" in err and str(where) in err, err[-3000:]
+        # what was written stays readable: every metrics line parses, the last checkpoint
+        # verifies
+        rows = _rows(run_dir)
+        assert len(rows) >= 5
+        latest_good(run_dir / "checkpoints" / "solver")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for mount in reversed(mounts):
+            subprocess.run(["umount", "-l", str(mount)], check=False)
