@@ -17,6 +17,8 @@ import concurrent.futures
 import contextlib
 import html
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,9 +171,12 @@ class Run:
 
     def wait(self, timeout: float | None = None, progress: bool = True) -> Run:
         """Block until the run ends; re-raise its error. Shows a progress bar unless told not to."""
-        with _Progress(self, progress) as bar, self._interruptible():
+        with _Progress(self, progress) as bar, self._interruptible(), _sigint_at_a_safe_point() \
+                as interrupted:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not self._future.done():
+                if interrupted():
+                    raise KeyboardInterrupt
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"run still {self.status} after {timeout} s")
                 concurrent.futures.wait([self._future], timeout=0.2)
@@ -433,6 +438,28 @@ class RunRecord:
     def __repr__(self) -> str:
         return (f"RunRecord({self.status}, {len(self.rows)} metrics rows, "
                 f"{len(self.episodes)} kept episodes, dir={str(self.directory)!r})")
+
+
+@contextlib.contextmanager
+def _sigint_at_a_safe_point() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C while `wait()` waits, turned into a flag the waiting loop checks.
+
+    Python raises KeyboardInterrupt wherever the main thread is, and can do so between a
+    lock's acquire and the `try` that releases it; a lock of the recorder left held that way
+    froze the event loop for good (seen once in many runs). The loop raises it itself instead,
+    holding nothing. Only where Python's own handler is installed (the main thread of a script
+    or papermill), so another handler (a kernel's) is left alone.
+    """
+    pressed: list[bool] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield lambda: False
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(True))
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class _Progress:
