@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import html
-import math
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from .dataflow.config import RunConfig
 from .dataflow.flow import HeldOut
 from .recorder import Episode, EpisodeLog, EpisodeView, Recorder
 from .records import DATA_FILE, LEGACY_FILE, read_jsonl
-from .runinfo import read_info, status_of
+from .runinfo import read_info, status_of, summarize
 
 if TYPE_CHECKING:
     import pandas
@@ -295,21 +294,10 @@ class Run:
     def summary(self) -> dict[str, float]:
         """Headline numbers: final reward (mean over the last 10% of steps), steps, time; with
         held-out evaluation also the last window's `eval/<role>/avg@<k>`, `eval/<role>/pass@<k>`
-        and `eval/version`."""
-        import pandas as pd
-
-        df = pd.DataFrame(self._recorder.rows)
-        if df.empty:
-            return {"steps": 0}
-        tail = df.groupby("policy").tail(max(1, math.ceil(self.config.steps / 10)))
-        return {
-            "steps": int(df["step"].max()) + 1,
-            "reward_last_10pct": float(tail["reward"].mean()),
-            "seconds": float(df["time"].max()),
-            "episodes": int(df["episodes"].max()),
-            "staleness_max": int(df["staleness_max"].max()),
-            **{f"eval/{name}": value for name, value in self._last_evaluation().items()},
-        }
+        and `eval/version` (`runinfo.summarize`, what run.json keeps, less `reward_last`)."""
+        summary = summarize(self._recorder.rows, self._recorder.evaluations, self.config.steps)
+        summary.pop("reward_last", None)
+        return summary
 
     def _last_evaluation(self) -> dict[str, float]:
         """version and every `<role>/avg@<k>`, `<role>/pass@<k>` of the last window ({} if
