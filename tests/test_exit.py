@@ -148,6 +148,11 @@ class _Closable:
         _loopthread.untrack(self)
 
 
+def _deliverable_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.slow  # a real training script in a subprocess
 def test_ctrl_c_while_waiting_exits_promptly_and_keeps_the_record(tmp_path):
     script = tmp_path / "script.py"
@@ -156,8 +161,14 @@ def test_ctrl_c_while_waiting_exits_promptly_and_keeps_the_record(tmp_path):
         run.wait(progress=False)
     """))
     env = {**os.environ, "ASTRANB_DISPLAY": "none", "PYTHONUNBUFFERED": "1"}
+    # A child inherits an ignored or blocked SIGINT from its parent, and earlier tests of a
+    # full run leave the test process so (a kernel's launcher ignores it); a shell starts a
+    # script with SIGINT deliverable, so the child gets that here too.
+    print("parent: SIGINT handler", signal.getsignal(signal.SIGINT), "blocked",
+          signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_deliverable_sigint)
     metrics = tmp_path / "runs" / "run-000" / "metrics.jsonl"
     deadline = time.monotonic() + HANG
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
@@ -231,7 +242,7 @@ def test_interrupting_await_run_in_a_kernel_stops_the_waiting_not_the_run(tmp_pa
         assert execute("import os; os.environ['ASTRANB_DISPLAY'] = 'none'\n" + setup
                        )["reply"]["status"] == "ok"
         execute("run = session.train(steps=10_000, batch_size=8, group_size=4)")
-        msg_id = kc.execute("await run")
+        msg_id = kc.execute("await run", stop_on_error=False)  # later cells are not aborted
         time.sleep(3)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=HANG)
