@@ -11,6 +11,12 @@ and virtual seconds pass only in the cost model.
     result.table()          # seconds per iteration, speedup vs the verl-style baseline, bound
     result.metrics          # the real Recorder's rows, one per (schedule, policy, step)
 
+Rollouts over regions (pools behind slow links, weights relayed or pulled directly, routing by
+measured throughput, autoscaling; crossregion.py, regions.py):
+
+    r = sim.simulate_regions(sim.astraflow_crossregion(sync="relay", routing="throughput"))
+    r.fraction              # achieved throughput / the pools' summed capacity
+
 Needs `trio` (the virtual clock is trio's MockClock): `pip install trio`.
 """
 
@@ -18,9 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from .costs import Lengths, RolloutCosts, TrainCosts, Workload
+from .autoscale import Autoscale, Scaling, Signals
+from .costs import Lengths, LengthSchedule, RolloutCosts, TrainCosts, Workload
+from .crossregion import (
+    RegionResult,
+    RegionSimConfig,
+    astraflow_crossregion,
+    simulate_regions,
+    varying_demand,
+)
 from .engine import GpuPool, SimEngine
-from .environment import SolverVerifier
+from .environment import Solver, SolverVerifier
+from .network import Link, LinkSpec, transfer_seconds
+from .payload import QWEN3_8B, QWEN3_14B, ModelWeights, measured_bytes_per_change
+from .regions import Pool, Region, RegionPublisher, RegionRollout
 from .simulate import SCHEDULES, ScheduleResult, SimConfig, SimResult, run_virtual, simulate
 from .trainer import SimPublisher, SimTrainer, TrainPool
 
@@ -41,7 +58,29 @@ __all__ = [
     "SimPublisher",
     "TrainPool",
     "SolverVerifier",
+    "Solver",
     "run_virtual",
+    # cross-region rollout and autoscaling
+    "simulate_regions",
+    "astraflow_crossregion",
+    "varying_demand",
+    "RegionSimConfig",
+    "RegionResult",
+    "Region",
+    "Pool",
+    "RegionRollout",
+    "RegionPublisher",
+    "LinkSpec",
+    "Link",
+    "transfer_seconds",
+    "ModelWeights",
+    "measured_bytes_per_change",
+    "QWEN3_14B",
+    "QWEN3_8B",
+    "LengthSchedule",
+    "Autoscale",
+    "Signals",
+    "Scaling",
 ]
 
 

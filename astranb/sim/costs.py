@@ -18,11 +18,13 @@ unpadded: packed sequences) takes `step_overhead + tokens * gpu_seconds_per_toke
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["Lengths", "RolloutCosts", "TrainCosts", "Workload"]
+__all__ = ["Lengths", "LengthSchedule", "RolloutCosts", "TrainCosts", "Workload",
+           "ideal_episode_seconds"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,66 @@ class Lengths:
         if self.sigma == 0:
             return self.median
         return max(1, min(self.cap, round(rng.lognormvariate(math.log(self.median), self.sigma))))
+
+
+@dataclass(frozen=True)
+class LengthSchedule:
+    """Generation lengths that change as training goes on (demand that varies over a run).
+
+    RL on reasoning tasks typically lengthens answers as the policy learns to think longer, and
+    a curriculum can switch between short and long problems; either way the rollout work per
+    step changes while the training work changes less (prompts stay the same). The schedule is
+    piecewise linear in the weights version: `points` are (version, Lengths) in increasing
+    version order; between two points the median and sigma move linearly, before the first and
+    after the last they stay. Two points one version apart make a phase change.
+    """
+
+    points: tuple[tuple[int, Lengths], ...]
+    """(version, lengths from then on) pairs, versions increasing."""
+
+    def __post_init__(self) -> None:
+        versions = [v for v, _ in self.points]
+        if not versions or versions != sorted(set(versions)) or versions[0] < 0:
+            raise ValueError(f"points need distinct versions >= 0 in increasing order, got "
+                             f"{versions}; e.g. ((0, Lengths(400)), (8, Lengths(2400)))")
+
+    @classmethod
+    def growing(cls, start: Lengths, end: Lengths, over: int) -> LengthSchedule:
+        """From `start` at version 0 to `end` at version `over`, linearly."""
+        return cls(((0, start), (max(1, over), end)))
+
+    @classmethod
+    def phases(cls, *phases: tuple[int, Lengths]) -> LengthSchedule:
+        """Constant lengths per phase: (first version, lengths) pairs."""
+        points: list[tuple[int, Lengths]] = []
+        for i, (version, lengths) in enumerate(phases):
+            if i:  # hold the previous phase until the version before this one
+                points.append((version - 1, phases[i - 1][1]))
+            points.append((version, lengths))
+        return cls(tuple(points))
+
+    @property
+    def cap(self) -> int:
+        return max(lengths.cap for _, lengths in self.points)
+
+    def at(self, version: int) -> Lengths:
+        """The lengths drawn by weights of `version`."""
+        return _lengths_at(self, version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lengths_at(schedule: LengthSchedule, version: int) -> Lengths:
+    points = schedule.points
+    if version <= points[0][0]:
+        first = points[0][1]
+        return Lengths(first.median, first.sigma, schedule.cap)
+    for (v0, a), (v1, b) in zip(points, points[1:], strict=False):
+        if version <= v1:
+            f = (version - v0) / (v1 - v0)
+            return Lengths(round(a.median + f * (b.median - a.median)),
+                           a.sigma + f * (b.sigma - a.sigma), schedule.cap)
+    last = points[-1][1]
+    return Lengths(last.median, last.sigma, schedule.cap)
 
 
 @dataclass(frozen=True)
@@ -150,3 +212,31 @@ class Workload:
     def sim_tokens(self, real: int) -> int:
         """Simulated tokens for `real` real tokens (rounded up)."""
         return -(-real // self.token_scale)
+
+
+def ideal_episode_seconds(workload: Workload, costs: RolloutCosts, solver: Lengths | None = None,
+                          verifier: bool = True, draws: int = 20_000, seed: int = 0) -> float:
+    """Expected GPU-seconds of one episode at full batches (Monte Carlo over the lengths), with
+    lengths rounded to whole simulated tokens as the engine rounds them.
+
+    Args:
+        workload: prompt, lengths and token scale.
+        costs: the rollout GPU's costs.
+        solver: the solver's lengths (default: the workload's).
+        verifier: whether the verifier plays too (it reads the problem and the answer).
+        draws: Monte Carlo draws.
+        seed: of the draws.
+    """
+    w, rng = workload, random.Random(f"work:{seed}")
+    solver = w.solver if solver is None else solver
+    real = lambda tokens: w.sim_tokens(tokens) * w.token_scale  # noqa: E731
+    prompt, extra = real(w.prompt_tokens), real(w.verifier_prompt_extra)
+    decode = prefill = 0
+    for _ in range(draws):
+        answer = real(solver.draw(rng))
+        decode += answer
+        prefill += prompt
+        if verifier:
+            decode += real(w.verifier.draw(rng))
+            prefill += prompt + answer + extra
+    return costs.ideal_gpu_seconds(decode, prefill) / draws

@@ -11,6 +11,19 @@ Weight updates are in flight, as in AstraFlow (SGLang aborts and re-issues) and 
 the policy's sequences stop at the next step boundary, the pool waits `update_seconds`, then
 each in-flight sequence re-prefills its prompt and tokens so far and goes on under the new
 version. Each token carries the version of the step that produced it.
+
+The pool is elastic, for the autoscaler (autoscale.py): `add_gpu` brings one more GPU in (it
+gets new requests at once: it has the least load), `drain` stops giving a GPU new requests,
+hands the sequences queued on it (not started) to the other GPUs and lets it finish every
+sequence it is decoding before it leaves. Nothing is cancelled, so no episode is lost. Each GPU
+is billed from when it was asked for (`since`, the start-up delay included) until it leaves:
+`gpu_seconds`.
+
+With `shared_queue=True` a request that finds no free batch slot waits in one queue of the pool
+instead of on one GPU, and whichever GPU frees a slot first takes the oldest waiting request:
+the episodes of a group then start together, however unevenly the GPUs' batches drain. This is
+how rollout services that pull their work behave (AstraFlow's services, astranb's RolloutPool
+sending work only to members with room); the region simulator uses it (regions.py).
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import anyio.abc
 
 from ..engines.base import settle
 from ..types import Generation, GenerationRequest, WeightUpdate
-from .costs import Lengths, RolloutCosts
+from .costs import Lengths, LengthSchedule, RolloutCosts
 
 __all__ = ["GpuPool", "SimEngine"]
 
@@ -45,6 +58,8 @@ class _Sequence:
     generated: int = 0
     versions: list[int] = field(default_factory=list)
     done: anyio.Event = field(default_factory=anyio.Event)
+    gpu: _Gpu | None = None
+    """The GPU holding it (a draining GPU hands its queued sequences to others)."""
 
 
 @dataclass(eq=False)
@@ -75,7 +90,7 @@ class _Chunk:
 class _Gpu:
     """One GPU's continuous batch (stepped by the pool's loop)."""
 
-    def __init__(self, pool: GpuPool):
+    def __init__(self, pool: GpuPool, since: float = 0.0):
         self.pool = pool
         self.active: list[_Sequence] = []
         self.queue: deque[_Sequence] = deque()
@@ -83,6 +98,18 @@ class _Gpu:
         self.dirty = False
         """Something changed (an arrival, a pause): cut the chunk and re-plan."""
         self.busy_seconds = 0.0
+        self.decoded = 0
+        """Real tokens decoded so far (what throughput is measured from)."""
+        self.sequence_seconds = 0.0
+        """Seconds spent decoding and prefilling, summed over the sequences in the batch."""
+        self.since = since
+        """Virtual time from which the GPU is billed (asked for, start-up included)."""
+        self.left: float | None = None
+        """When a drained GPU left the pool (None while it is in it)."""
+        self.draining = False
+        """Takes no new requests; leaves once it holds none."""
+        self.drain_load = 0
+        """Sequences it held (running or queued) when it began draining."""
 
     @property
     def load(self) -> int:
@@ -106,6 +133,10 @@ class _Gpu:
         pool = self.pool
         while self.queue and len(self.active) < pool.costs.max_batch:
             self.active.append(self.queue.popleft())
+        while pool.backlog and len(self.active) < pool.costs.max_batch and not self.draining:
+            seq = pool.backlog.popleft()
+            seq.gpu = self
+            self.active.append(seq)
         running = [s for s in self.active if s.policy not in pool.paused]
         if not running:
             return None
@@ -119,14 +150,23 @@ class _Gpu:
         if not chunk.steps:
             return
         self.busy_seconds += chunk.prefill + chunk.steps * chunk.dt
+        self.decoded += chunk.steps * len(chunk.running) * self.pool.token_scale
+        self.sequence_seconds += (chunk.prefill + chunk.steps * chunk.dt) * len(chunk.running)
+        finished = []
         for s in chunk.running:
             s.prefill = 0
             s.remaining -= chunk.steps
             s.generated += chunk.steps
             s.versions.extend([chunk.versions[s.policy]] * chunk.steps)
-            if s.remaining == 0 and s in self.active:  # (a cancelled request is gone already)
-                self.active.remove(s)
-                s.done.set()
+            if s.remaining == 0:
+                finished.append(s)
+        if finished:
+            active = set(self.active)  # (a cancelled request is gone already)
+            done = {id(s) for s in finished if s in active}
+            self.active = [s for s in self.active if id(s) not in done]
+            for s in finished:
+                if id(s) in done:
+                    s.done.set()
 
 
 class GpuPool:
@@ -138,12 +178,19 @@ class GpuPool:
     Args:
         costs: GPU count, batch size and step costs.
         token_scale: real tokens per simulated token.
+        shared_queue: requests that find every batch full wait in one queue of the pool (a
+            freed slot on any GPU takes the oldest) rather than on the least loaded GPU.
     """
 
-    def __init__(self, costs: RolloutCosts, token_scale: int = 1):
+    def __init__(self, costs: RolloutCosts, token_scale: int = 1, shared_queue: bool = False):
         self.costs = costs
         self.token_scale = token_scale
+        self.shared_queue = shared_queue
+        self.backlog: deque[_Sequence] = deque()
+        """Requests waiting for any free slot (shared_queue=True)."""
         self.gpus = [_Gpu(self) for _ in range(costs.gpus)]
+        self.retired: list[_Gpu] = []
+        """Drained GPUs that have left (kept for their busy time and bill)."""
         self.versions: dict[str, int] = {}
         self.paused: set[str] = set()
         self._wake = anyio.Event()
@@ -159,6 +206,7 @@ class GpuPool:
                 now = anyio.current_time()
                 for gpu in self.gpus:
                     gpu.tick(now)
+                self._retire_drained(now)
                 self._ticked.set()
                 self._ticked = anyio.Event()
                 ends = [g.chunk.end for g in self.gpus if g.chunk is not None]
@@ -168,21 +216,107 @@ class GpuPool:
     @property
     def busy_seconds(self) -> float:
         """GPU-seconds spent decoding and prefilling so far."""
-        return sum(g.busy_seconds for g in self.gpus)
+        return sum(g.busy_seconds for g in self.gpus + self.retired)
+
+    @property
+    def decoded_tokens(self) -> int:
+        """Real tokens decoded so far, by every GPU that was ever in the pool."""
+        return sum(g.decoded for g in self.gpus + self.retired)
+
+    def batch_rate(self) -> float | None:
+        """Measured tokens per second one GPU decodes with a full batch: `max_batch` over the
+        seconds each sequence has taken per token so far (None before any). Exact when batches
+        were full; higher when they were not (a lightly loaded GPU turns tokens out faster per
+        sequence), so a router that trusts it sends work to a pool until its batches fill."""
+        seconds = sum(g.sequence_seconds for g in self.gpus + self.retired)
+        return self.costs.max_batch * self.decoded_tokens / seconds if seconds > 0 else None
+
+    def gpu_seconds(self, now: float) -> float:
+        """GPU-seconds billed up to `now`: from each GPU's `since` until it left (or now)."""
+        return sum((now if g.left is None else g.left) - g.since
+                   for g in self.gpus + self.retired)
+
+    @property
+    def serving(self) -> list[_Gpu]:
+        """GPUs that take new requests (not draining)."""
+        return [g for g in self.gpus if not g.draining]
+
+    @property
+    def queued(self) -> int:
+        """Sequences waiting for a batch slot (on every GPU, and in the shared queue)."""
+        return sum(len(g.queue) for g in self.gpus) + len(self.backlog)
+
+    @property
+    def load(self) -> int:
+        """Sequences held, running or queued."""
+        return sum(g.load for g in self.gpus) + len(self.backlog)
+
+    def add_gpu(self, since: float | None = None) -> None:
+        """One more GPU, serving from now on (billed from `since`: when it was asked for)."""
+        self.gpus.append(_Gpu(self, anyio.current_time() if since is None else since))
+        self._touch(self.gpus[-1:])
+
+    def drain(self) -> bool:
+        """Stop giving the least loaded serving GPU new requests and move its queued sequences to
+        the others; it leaves once the sequences it is decoding have finished. False when only
+        one GPU serves (a pool keeps one)."""
+        serving = self.serving
+        if len(serving) <= 1:
+            return False
+        gpu = min(serving, key=lambda g: g.load)
+        gpu.draining = True
+        # the batch it will run to the end: what is decoding, and what joins at the next step
+        while gpu.queue and len(gpu.active) < self.costs.max_batch:
+            gpu.active.append(gpu.queue.popleft())
+        gpu.drain_load = len(gpu.active)
+        moved = list(gpu.queue)
+        gpu.queue.clear()
+        if self.shared_queue:  # first in line: they have waited longest
+            for seq in reversed(moved):
+                self.backlog.appendleft(seq)
+                seq.gpu = None
+        for seq in moved if not self.shared_queue else ():
+            target = min(self.serving, key=lambda g: g.load)
+            target.queue.append(seq)
+            seq.gpu = target
+        self._touch(self.gpus)
+        return True
+
+    @property
+    def drained_sequences(self) -> int:
+        """Sequences in flight on GPUs when they began draining, all finished before those GPUs
+        left (a draining GPU never drops one)."""
+        return sum(g.drain_load for g in self.retired)
+
+    def _retire_drained(self, now: float) -> None:
+        for gpu in [g for g in self.gpus if g.draining and g.load == 0 and g.chunk is None]:
+            gpu.left = now
+            self.gpus.remove(gpu)
+            self.retired.append(gpu)
 
     async def decode(self, policy: str, prompt: int, tokens: int) -> list[int]:
         """Generate `tokens` simulated tokens after a `prompt`; returns each token's version."""
         seq = _Sequence(policy, prompt, remaining=tokens, prefill=prompt)
-        gpu = min(self.gpus, key=lambda g: g.load)
-        gpu.queue.append(seq)
-        self._touch([gpu])
+        gpu: _Gpu | None = min(self.serving, key=lambda g: g.load)
+        if self.shared_queue and gpu is not None and gpu.load >= self.costs.max_batch:
+            gpu = None  # every batch is full: wait in the pool's queue
+            self.backlog.append(seq)
+        else:
+            assert gpu is not None
+            gpu.queue.append(seq)
+            self._touch([gpu])
+        seq.gpu = gpu
         try:
             await seq.done.wait()
         finally:  # cancelled: drop the request
-            if seq in gpu.queue:
-                gpu.queue.remove(seq)
-            elif seq in gpu.active:
-                gpu.active.remove(seq)
+            holder = seq.gpu  # (moved by a drain, or taken from the shared queue)
+            if holder is None:
+                if seq in self.backlog:
+                    self.backlog.remove(seq)
+            elif seq in holder.queue:
+                holder.queue.remove(seq)
+            elif seq in holder.active:
+                holder.active.remove(seq)
         return seq.versions
 
     async def update(self, policy: str, version: int) -> None:
@@ -211,7 +345,7 @@ class GpuPool:
         """Sequences that could join a batch now (0 while the policy's weights load)."""
         if policy in self.paused:
             return 0
-        return sum(max(0, self.costs.max_batch - g.load) for g in self.gpus)
+        return sum(max(0, self.costs.max_batch - g.load) for g in self.serving)
 
     def _touch(self, gpus) -> None:
         for gpu in gpus:
@@ -225,11 +359,12 @@ class SimEngine:
     Args:
         name: the policy's name.
         pool: the GPUs it decodes on.
-        lengths: how long its generations are.
+        lengths: how long its generations are; a `LengthSchedule` draws from the lengths of the
+            version the engine holds when a request arrives (answers that change in training).
         seed: seed of its length draws.
     """
 
-    def __init__(self, name: str, pool: GpuPool, lengths: Lengths, seed: int = 0):
+    def __init__(self, name: str, pool: GpuPool, lengths: Lengths | LengthSchedule, seed: int = 0):
         self.name, self.pool, self.lengths = name, pool, lengths
         self._rng = random.Random(f"{name}:{seed}")
         pool.versions.setdefault(name, 0)
@@ -248,8 +383,11 @@ class SimEngine:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         scale = self.pool.token_scale
-        cap = min(self.lengths.cap, request.sampling.max_new_tokens * scale)
-        real = min(cap, self.lengths.draw(self._rng))
+        lengths = self.lengths
+        if isinstance(lengths, LengthSchedule):
+            lengths = lengths.at(self.version)
+        cap = min(lengths.cap, request.sampling.max_new_tokens * scale)
+        real = min(cap, lengths.draw(self._rng))
         n = -(-real // scale)
         versions = await self.pool.decode(self.name, len(request.prompt_ids), n)
         finish = "length" if real >= cap else "stop"

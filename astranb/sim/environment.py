@@ -1,4 +1,5 @@
-"""The simulated solver + verifier episode (AstraFlow's actor_and_verify, without the retry).
+"""The simulated episodes: solver + verifier (AstraFlow's actor_and_verify, without the retry),
+and the solver alone.
 
 The solver answers the problem (a long-tail length, drawn by its engine); the verifier reads the
 problem and the answer and gives a shorter verdict. Outcomes are coin flips seeded by (run seed,
@@ -17,7 +18,7 @@ from typing import Any
 from ..environments.base import Environment, EpisodeContext
 from .costs import Workload
 
-__all__ = ["SolverVerifier"]
+__all__ = ["SolverVerifier", "Solver"]
 
 _PROMPT_ID, _INSTRUCTION_ID = 2, 3
 
@@ -54,3 +55,37 @@ class SolverVerifier(Environment):
         correct = rng.random() >= sample["difficulty"]
         verdict_right = rng.random() < w.verifier_accuracy
         return {"solver": float(correct), "verifier": float(verdict_right)}
+
+
+class Solver(Environment):
+    """One role: the solver answers (a long-tail length drawn by its engine); reward 1 if
+    correct, a coin flip weighted by the problem's difficulty (seeded by run seed, sample and
+    episode). The single-policy episode of the cross-region simulations.
+
+    Args:
+        workload: prompt and answer lengths, token scale.
+        seed: seed of the outcomes.
+        cap: most real tokens an answer may have (default: the workload's solver cap; a
+            `LengthSchedule` passes its own).
+    """
+
+    roles = ("solver",)
+
+    def __init__(self, workload: Workload, seed: int = 0, cap: int | None = None):
+        self.workload, self.seed = workload, seed
+        self.cap = workload.solver.cap if cap is None else cap
+        self._episodes: Counter[int] = Counter()
+
+    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
+        rng = random.Random(f"samples:{seed}")
+        for i in itertools.count():
+            yield {"id": i, "difficulty": rng.random()}
+
+    async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> dict[str, float]:
+        w = self.workload
+        k = self._episodes[sample["id"]]
+        self._episodes[sample["id"]] += 1
+        rng = random.Random(f"episode:{self.seed}:{sample['id']}:{k}")
+        prompt = (_PROMPT_ID,) * w.sim_tokens(w.prompt_tokens)
+        await ctx.generate("solver", prompt, max_new_tokens=w.sim_tokens(self.cap))
+        return {"solver": float(rng.random() >= sample["difficulty"])}

@@ -38,7 +38,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import random
 import tempfile
 import time
 from collections import Counter
@@ -54,7 +53,7 @@ from ..dataflow.config import RunConfig
 from ..dataflow.flow import Dataflow
 from ..dataflow.orchestrator import Source
 from ..recorder import Recorder
-from .costs import RolloutCosts, TrainCosts, Workload
+from .costs import RolloutCosts, TrainCosts, Workload, ideal_episode_seconds
 from .engine import GpuPool, SimEngine
 from .environment import SolverVerifier
 from .trainer import SimTrainer, TrainPool, sim_policy
@@ -376,15 +375,7 @@ def _rollout_work(config: SimConfig, setup: _Setup, recorder: Recorder,
 
 def _episode_work(config: SimConfig, draws: int = 20_000) -> float:
     """Expected ideal GPU-seconds of one episode (Monte Carlo over the workload's lengths)."""
-    w, rng = config.workload, random.Random(f"work:{config.seed}")
-    real = lambda tokens: w.sim_tokens(tokens) * w.token_scale  # noqa: E731 (as the engine rounds)
-    prompt, extra = real(w.prompt_tokens), real(w.verifier_prompt_extra)
-    decode = prefill = 0
-    for _ in range(draws):
-        answer = real(w.solver.draw(rng))
-        decode += answer + real(w.verifier.draw(rng))
-        prefill += prompt + (prompt + answer + extra)
-    return config.rollout.ideal_gpu_seconds(decode, prefill) / draws
+    return ideal_episode_seconds(config.workload, config.rollout, draws=draws, seed=config.seed)
 
 
 def _overgeneration(config: SimConfig, steps: int, recorder: Recorder,

@@ -42,6 +42,16 @@ class TrainPool:
         self.lock = anyio.Lock()
         self.gpu_seconds = 0.0
         """GPU-seconds of steps run so far."""
+        self.stepped = 0.0
+        """Seconds of finished steps (the pool's busy time, not counting the step under way)."""
+        self.stepping_since: float | None = None
+        """When the step under way began (None while idle)."""
+
+    def busy_seconds(self, now: float) -> float:
+        """Seconds the pool has spent stepping up to `now` (the step under way included): what
+        an autoscaler reads the trainer's idle time from."""
+        running = 0.0 if self.stepping_since is None else now - self.stepping_since
+        return self.stepped + running
 
 
 class SimTrainer:
@@ -62,8 +72,13 @@ class SimTrainer:
         tokens = int(batch.attention_mask_B_T.sum()) * self.token_scale
         seconds = self.costs.step_seconds(tokens, self.pool.gpus)
         async with self.pool.lock:
-            await anyio.sleep(seconds)
+            self.pool.stepping_since = anyio.current_time()
+            try:
+                await anyio.sleep(seconds)
+            finally:
+                self.pool.stepping_since = None
             self.pool.gpu_seconds += seconds * self.pool.gpus
+            self.pool.stepped += seconds
         self.version += 1
         return {"loss": 0.0, "grad_norm": 0.0, "tokens": float(batch.num_tokens * self.token_scale),
                 "train_tokens": float(tokens), "train_seconds": seconds}
