@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import httpx
 
@@ -36,6 +37,13 @@ from .http import free_port
 __all__ = ["LocalService", "LocalServices", "launch_local"]
 
 _LIVE: set[LocalService] = set()  # started and not stopped yet: stopped at exit
+
+
+class _HasURL(Protocol):
+    url: str
+
+
+S = TypeVar("S", bound=_HasURL)
 
 
 class LocalService:
@@ -167,19 +175,15 @@ class LocalService:
         return f"LocalService({self.kind!r}, {self.url!r}, pid={pid}, {state})"
 
 
-class LocalServices:
-    """The services `launch_local` started; a context manager that stops them on exit.
+class ServiceSet(Generic[S]):
+    """Started rollout services and a trainer, and the URLs a Session takes (the base of the
+    handles `launch_local` and `launch_ray` return)."""
 
-    Args:
-        rollout: the rollout services.
-        trainer: the trainer service, if any.
-    """
-
-    def __init__(self, rollout: list[LocalService], trainer: LocalService | None):
-        self.rollout, self.trainer = rollout, trainer
+    rollout: list[S]
+    trainer: S | None
 
     @property
-    def all(self) -> list[LocalService]:
+    def all(self) -> list[S]:
         """Every service, rollout services first."""
         return [*self.rollout, *([self.trainer] if self.trainer else [])]
 
@@ -192,6 +196,18 @@ class LocalServices:
     def trainer_url(self) -> str | None:
         """What to pass as `Session(trainer=...)` (None without a trainer service)."""
         return self.trainer.url if self.trainer else None
+
+
+class LocalServices(ServiceSet[LocalService]):
+    """The services `launch_local` started; a context manager that stops them on exit.
+
+    Args:
+        rollout: the rollout services.
+        trainer: the trainer service, if any.
+    """
+
+    def __init__(self, rollout: list[LocalService], trainer: LocalService | None):
+        self.rollout, self.trainer = rollout, trainer
 
     def close(self) -> None:
         """Stop every service (SIGTERM, then SIGKILL after 10 s); safe to call twice."""

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AstranbError
+from .local import ServiceSet
 
 __all__ = ["launch_ray", "RayServices", "RayService", "ServiceSupervisor", "RaySpecError",
            "NoRayCluster", "RayLaunchError", "ROLLOUT_KEYS", "TRAINER_KEYS"]
@@ -378,7 +379,7 @@ class _Plan:
         return bundle
 
 
-class RayServices:
+class RayServices(ServiceSet[RayService]):
     """The services `launch_ray` started; a context manager that shuts them down on exit.
 
     Attributes:
@@ -394,21 +395,6 @@ class RayServices:
         self._groups: list[Any] = []
         self._actors: list[Any] = []
         self._closed = False
-
-    @property
-    def all(self) -> list[RayService]:
-        """Every service, rollout services first."""
-        return [*self.rollout, *([self.trainer] if self.trainer else [])]
-
-    @property
-    def rollout_urls(self) -> list[str]:
-        """What to pass as `Session(rollout=...)`."""
-        return [s.url for s in self.rollout]
-
-    @property
-    def trainer_url(self) -> str | None:
-        """What to pass as `Session(trainer=...)` (None without a trainer service)."""
-        return self.trainer.url if self.trainer else None
 
     @property
     def rollout_actors(self) -> list[Any]:
