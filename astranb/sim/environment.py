@@ -23,7 +23,28 @@ __all__ = ["SolverVerifier", "Solver"]
 _PROMPT_ID, _INSTRUCTION_ID = 2, 3
 
 
-class SolverVerifier(Environment):
+class _Problems(Environment):
+    """Problems of random difficulty, and a seeded outcome stream per episode (what both
+    simulated environments share). Subclasses set `seed` and `_episodes`."""
+
+    seed: int
+    _episodes: Counter[int]
+
+    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
+        rng = random.Random(f"samples:{seed}")
+        for i in itertools.count():
+            yield {"id": i, "difficulty": rng.random()}
+
+    def _outcomes(self, sample: Mapping[str, Any]) -> random.Random:
+        """The random outcomes of the next episode of `sample`: seeded by run seed, sample and
+        the episode's number among that sample's (episodes of a sample are exchangeable, so
+        the order they finish in does not matter)."""
+        k = self._episodes[sample["id"]]
+        self._episodes[sample["id"]] += 1
+        return random.Random(f"episode:{self.seed}:{sample['id']}:{k}")
+
+
+class SolverVerifier(_Problems):
     """Two roles, two generations per episode, random (seeded) rewards.
 
     Args:
@@ -37,16 +58,9 @@ class SolverVerifier(Environment):
         self.workload, self.seed = workload, seed
         self._episodes: Counter[int] = Counter()
 
-    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
-        rng = random.Random(f"samples:{seed}")
-        for i in itertools.count():
-            yield {"id": i, "difficulty": rng.random()}
-
     async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> dict[str, float]:
         w = self.workload
-        k = self._episodes[sample["id"]]  # episodes of a sample are exchangeable: any order
-        self._episodes[sample["id"]] += 1
-        rng = random.Random(f"episode:{self.seed}:{sample['id']}:{k}")
+        rng = self._outcomes(sample)
         prompt = (_PROMPT_ID,) * w.sim_tokens(w.prompt_tokens)
         answer = await ctx.generate("solver", prompt, max_new_tokens=w.sim_tokens(w.solver.cap))
         verifier_prompt = (prompt + answer.completion_ids
@@ -57,7 +71,7 @@ class SolverVerifier(Environment):
         return {"solver": float(correct), "verifier": float(verdict_right)}
 
 
-class Solver(Environment):
+class Solver(_Problems):
     """One role: the solver answers (a long-tail length drawn by its engine); reward 1 if
     correct, a coin flip weighted by the problem's difficulty (seeded by run seed, sample and
     episode). The single-policy episode of the cross-region simulations.
@@ -76,16 +90,9 @@ class Solver(Environment):
         self.cap = workload.solver.cap if cap is None else cap
         self._episodes: Counter[int] = Counter()
 
-    def samples(self, seed: int = 0) -> Iterator[Mapping[str, Any]]:
-        rng = random.Random(f"samples:{seed}")
-        for i in itertools.count():
-            yield {"id": i, "difficulty": rng.random()}
-
     async def episode(self, ctx: EpisodeContext, sample: Mapping[str, Any]) -> dict[str, float]:
         w = self.workload
-        k = self._episodes[sample["id"]]
-        self._episodes[sample["id"]] += 1
-        rng = random.Random(f"episode:{self.seed}:{sample['id']}:{k}")
+        rng = self._outcomes(sample)
         prompt = (_PROMPT_ID,) * w.sim_tokens(w.prompt_tokens)
         await ctx.generate("solver", prompt, max_new_tokens=w.sim_tokens(self.cap))
         return {"solver": float(rng.random() >= sample["difficulty"])}
