@@ -44,6 +44,7 @@ from .contracts import Checkpointable
 from .dataflow.config import RunConfig
 from .errors import AstranbError
 from .models import ModelSpec
+from .runinfo import pid_alive
 from .training.local import AdamWConfig
 from .weights.codec import checksum
 
@@ -310,13 +311,10 @@ def _alive(owner: Mapping[str, Any]) -> bool:
         return False
     if pid == os.getpid():
         return False  # this process took it in a Session that is gone (collected)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    alive = pid_alive(pid)
+    if alive is None:  # cannot be asked here: assume the owner still runs
         return True
-    return not _zombie(pid)
+    return alive and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
