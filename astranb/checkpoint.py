@@ -68,6 +68,7 @@ __all__ = [
     "write_plan",
     "read_plan",
     "set_aside_rows",
+    "atomic_write_bytes",
     "atomic_write_text",
 ]
 
@@ -210,15 +211,24 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a temporary file renamed over it)."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it.
+    CheckpointWriteError (an OSError) naming the path and the free space when that fails."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     try:
-        _write_synced(tmp, text)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(path, error) from error
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _free_space(path: Path) -> str:

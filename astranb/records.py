@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import random
 import struct
 import threading
@@ -57,6 +56,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import zstandard
 
+from .checkpoint import atomic_write_bytes
 from .errors import AstranbError
 
 __all__ = [
@@ -324,7 +324,7 @@ class FrameWriter:
         self.table = FrameTable(frames)
         index = self.index_path.read_bytes() if self.index_path.exists() else b""
         if index != _MAGIC + b"".join(_ENTRY.pack(*f) for f in frames):
-            _replace(self.index_path, _MAGIC + b"".join(_ENTRY.pack(*f) for f in frames))
+            atomic_write_bytes(self.index_path, _MAGIC + b"".join(_ENTRY.pack(*f) for f in frames))
         self._data = open(self.data_path, "ab")
         self._index = open(self.index_path, "ab")
         self._end = self.data_path.stat().st_size
@@ -400,8 +400,3 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _replace(path: Path, data: bytes) -> None:
-    """Write a file whole or not at all (temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

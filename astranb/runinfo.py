@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .algorithms.config import algorithm_to_dict
+from .checkpoint import atomic_write_text
 from .dataflow.config import RunConfig
 from .types import jsonable
 
@@ -146,11 +147,8 @@ def status_of(info: Mapping[str, Any], host: str | None = None) -> str:
 
 # -- files -------------------------------------------------------------------------------------
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON whole or not at all: a temporary file beside it, then `os.replace`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(jsonable(dict(data)), indent=1, allow_nan=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    """Write JSON whole or not at all (`checkpoint.atomic_write_text`)."""
+    atomic_write_text(path, json.dumps(jsonable(dict(data)), indent=1, allow_nan=False) + "\n")
 
 
 def read_info(directory: str | Path) -> dict[str, Any] | None:
