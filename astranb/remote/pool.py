@@ -158,7 +158,7 @@ class RolloutPool:
     async def prepare(self) -> None:
         """Catch every member up now (policy creation): a service that cannot is an error here."""
         for member in self.members.values():
-            if not member.removed and not await self._catch_up(member):
+            if not member.removed and not await self._catch_up(member, strict=True):
                 raise ServiceUnavailable(
                     f"rollout service {member.url} could not be prepared: {member.last_error}. "
                     "Start it (`astranb serve rollout`) or leave it out of Session(rollout=...)"
@@ -189,7 +189,7 @@ class RolloutPool:
                 continue
             await self._pull(member)
 
-    async def _catch_up(self, member: Member) -> bool:
+    async def _catch_up(self, member: Member, strict: bool = False) -> bool:
         """Bring a (re)joining member to the session's policies, weights and environments."""
         try:
             status = await member.client.status(timeout=5)
@@ -213,7 +213,9 @@ class RolloutPool:
             member.last_error = str(error)
             return False
         except ServiceError as error:
-            if error.status >= 500:
+            # 5xx: the service failed; 424 mid-run: it could not get weights from a trainer that
+            # is restarting. Both are retried; a refusal (4xx) is an error, and so is 424 at setup.
+            if error.status >= 500 or (error.status == 424 and not strict):
                 member.last_error = str(error)
                 return False
             raise ServiceRejected(

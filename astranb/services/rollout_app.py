@@ -370,12 +370,15 @@ class RolloutService:
                 answer = await http.get(url, params=params, headers=headers)
                 got = answer.status_code, "", answer.content
         except (httpx.HTTPError, OSError, TimeoutError) as error:
-            raise HTTPException(424, f"could not reach the trainer at {url}: "
+            # 502: the trainer is down or restarting, which the pool waits out and retries
+            raise HTTPException(502, f"could not reach the trainer at {url}: "
                                      f"{error!r}") from error
         status, _, content = got
         if status != 200:
+            # a trainer that refuses (4xx) is a setup error (424); one that fails (5xx) may recover
             text = content[:300].decode("utf-8", "replace")
-            raise HTTPException(424, f"trainer answered {status} for {url}: {text}")
+            code = 502 if status >= 500 else 424
+            raise HTTPException(code, f"trainer answered {status} for {url}: {text}")
         return content
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:
