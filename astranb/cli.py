@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     rollout.add_argument("--environment", action="append", default=[], metavar="NAME=module:Class",
                          help="also allow this environment class (repeatable)")
     rollout.add_argument("--sglang-url", help="attach to a running SGLang server")
+    rollout.add_argument("--region", default="", metavar="NAME",
+                         help="the region this service runs in; the services of one region pull "
+                              "each version from the trainer once, through a relay among them")
+    rollout.add_argument("--trainer-url", metavar="URL",
+                         help="how this service reaches the trainer, when that differs from the "
+                              "URL the session uses (a gateway or tunnel between regions)")
     trainer.add_argument("--nproc", type=int, default=1,
                          help="processes (FSDP over torchrun if > 1)")
     trainer.add_argument("--checkpoint-dir",
@@ -90,7 +96,7 @@ def _serve_rollout(args) -> int:
             raise ValueError(f"--environment {item!r}: write NAME=module:Class")
         envs[name] = target
     config = RolloutConfig(args.engine, args.device, args.max_inflight, envs, args.sglang_url,
-                           service_config(args))
+                           service_config(args), region=args.region, trainer_url=args.trainer_url)
     return serve(create_app(config), config.service, "rollout")
 
 

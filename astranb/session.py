@@ -296,6 +296,12 @@ class Session:
             return {}
         return {m.url: m.state for m in self._pool.members.values() if not m.removed}
 
+    @property
+    def relays(self) -> dict[str, str]:
+        """Region -> URL of the rollout service that pulls each version into it for the rest
+        (services started with `--region`; empty without regions or a trainer service)."""
+        return dict(self._pool.relays) if self._pool is not None else {}
+
     def wire(self, env: Environment | str, *, weight: float = 1.0, **roles: Policy) -> Environment:
         """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`.
 

@@ -475,6 +475,11 @@ class HFEngine:
         """Checksum of the weights as last published to this engine (None if none was)."""
         return self._mirror.checksum
 
+    def published_weights(self):
+        """The weights exactly as last published (the payloads' names and dtype; None if
+        none were): what a relay encodes a full snapshot from. Do not modify them."""
+        return self._mirror.tensors
+
     def published_checksum(self) -> int:
         """Recompute the checksum from the model itself, cast to the published dtype (slow)."""
         if self._mirror.tensors is None:

@@ -48,6 +48,11 @@ class InstantEngine:
     def weights_checksum(self) -> int | None:
         return self._mirror.checksum
 
+    def published_weights(self):
+        """The weights exactly as last published (the payloads' names and dtype; None if
+        none were): what a relay encodes a full snapshot from. Do not modify them."""
+        return self._mirror.tensors
+
     def published_checksum(self) -> int:
         if self._mirror.tensors is None:
             raise LookupError("no published weights were applied to this engine")

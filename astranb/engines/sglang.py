@@ -248,6 +248,11 @@ class SGLangEngine:
         """Checksum of the weights last published to this engine (None if none was)."""
         return self._mirror.checksum
 
+    def published_weights(self):
+        """The weights exactly as last published (the payloads' names and dtype; None if
+        none were): what a relay encodes a full snapshot from. Do not modify them."""
+        return self._mirror.tensors
+
     def published_checksum(self) -> int:
         """Checksum of the weights file the server was last told to load, read back (slow)."""
         with self._file_lock:

@@ -250,9 +250,13 @@ class RolloutClient(_Client):
         return await self.request("POST", "/v1/pull", body, timeout=wait + 30)
 
     async def notify_version(self, policy: str, version: int, trainer_url: str,
-                             checksum: int | None = None) -> dict:
+                             checksum: int | None = None, relay: str | None = None,
+                             share: bool = False) -> dict:
+        """Make the service pull `version` (from `relay` if given, else the trainer); with
+        `share` it keeps what it pulled for the rest of its region."""
         return await self.request("POST", "/v1/notify_version", {
-            "policy": policy, "version": version, "url": trainer_url, "checksum": checksum})
+            "policy": policy, "version": version, "url": trainer_url, "checksum": checksum,
+            "relay": relay, "share": share})
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:
         return await self.request("POST", f"/v1/weights/{policy}", raw=payload)

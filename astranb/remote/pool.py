@@ -19,6 +19,12 @@ Weights: after a train step the policy's `ServicesPublisher` brings every ready 
 version, either by telling it to pull from the trainer service (delta when its base matches, else
 full) or, with a trainer in this process, by pushing the store's payload
 (`astranb.weights.publish.deliver` heals a rejected delta with a full snapshot).
+
+Regions: members whose services declare a region pull through a relay. Per region and version,
+the relay (the current one while it is ready, else the first ready member by URL) pulls from the
+trainer and keeps the payload; then the region's other members pull it from the relay. A relay
+that fails is failed over like any member and the next one is chosen within the same publish;
+a receiver whose relay fails mid-pull goes to the trainer itself, so no version is skipped.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Member:
     env_ids: dict[int, str] = field(default_factory=dict)
     removed: bool = False
     last_error: str = ""
+    region: str = ""
 
     @property
     def room(self) -> int:
@@ -105,6 +112,8 @@ class RolloutPool:
         self._abandoned: set[str] = set()
         self._envs: dict[int, tuple[Environment, dict[str, str], dict]] = {}
         self._weights_lock = anyio.Lock()
+        self.relays: dict[str, str] = {}
+        """region -> URL of the member that relays weights to the rest of that region."""
         self._tg: anyio.abc.TaskGroup | None = None
         self.epoch = 0
         self.counts: dict[str, int] = {}
@@ -197,9 +206,16 @@ class RolloutPool:
                 await member.client.add_policy(name, spec_to_wire(policy.spec),
                                                max_batch_size=policy.max_batch_size,
                                                seed=policy.seed)
+            member.region = str(status.get("region") or "")
             async with self._weights_lock:
+                relay = self._relay_of(member)
+                # the first of a region to catch up relays for it (pulls once, keeps the payload)
+                share = bool(member.region) and relay is None and self.trainer_url is not None
                 for policy in self.policies.values():
-                    await self._sync(member, policy.name, policy.version, policy.publisher)
+                    await self._sync(member, policy.name, policy.version, policy.publisher,
+                                     relay=relay.url if relay is not None else None, share=share)
+                if share:
+                    self.relays[member.region] = member.url
                 for key, (env, roles, kwargs) in self._envs.items():
                     member.env_ids[key] = await member.client.register(_env_name(env), roles,
                                                                        kwargs)
@@ -384,32 +400,75 @@ class RolloutPool:
     ) -> dict[str, Any]:
         """Bring every ready member to `version` of policy `name`; transfer metrics."""
         async with self._weights_lock:
-            answers = {}
+            answers: dict[str, dict] = {}
 
-            async def one(member: Member) -> None:
+            async def one(member: Member, relay: Member | None = None, share: bool = False) -> bool:
                 try:
-                    answers[member.url] = await self._sync(member, name, version, publisher)
+                    answers[member.url] = await self._sync(
+                        member, name, version, publisher,
+                        relay=relay.url if relay is not None else None, share=share)
+                    return True
                 except (ServiceUnavailable, ServiceError):
                     self._fail_over(member)  # it catches up when it answers again
+                    return False
 
+            async def region(members: list[Member]) -> None:
+                # the relay first (the next one if it fails), then the rest from it, together
+                relay = None
+                for candidate in self._relay_candidates(members):
+                    if await one(candidate, share=True):
+                        relay = candidate
+                        break
+                if relay is None:
+                    return
+                self.relays[relay.region] = relay.url
+                async with anyio.create_task_group() as tg:
+                    for member in members:
+                        if member is not relay and member.state == "ready":
+                            tg.start_soon(one, member, relay)
+
+            regions: dict[str, list[Member]] = {}
             async with anyio.create_task_group() as tg:
                 for member in self.ready():
-                    tg.start_soon(one, member)
+                    if member.region and self.trainer_url is not None:
+                        regions.setdefault(member.region, []).append(member)
+                    else:
+                        tg.start_soon(one, member)
+                for members in regions.values():
+                    tg.start_soon(region, members)
         kinds = sorted({a["kind"] for a in answers.values()})
+        relayed = [a for a in answers.values() if a.get("source") == "relay"]
         return {
             "transfer_kind": "+".join(kinds) or "none",
             "transfer_bytes": sum(a.get("bytes", 0) for a in answers.values()),
+            "transfer_bytes_relayed": sum(a.get("bytes", 0) for a in relayed),
             "transfer_seconds": max((a.get("seconds", 0.0) for a in answers.values()), default=0.0),
             "rollout_services": len(answers),
             "rollout_checksums": ",".join(str(a["checksum"]) for a in answers.values()),
             "rollout_versions": ",".join(str(a["version"]) for a in answers.values()),
         }
 
+    def _relay_candidates(self, members: list[Member]) -> list[Member]:
+        """The region's relay first while it is ready, then the others by URL."""
+        current = self.relays.get(members[0].region)
+        ordered = sorted(members, key=lambda m: (m.url != current, m.url))
+        return [m for m in ordered if m.state == "ready"]
+
+    def _relay_of(self, member: Member) -> Member | None:
+        """The ready relay a (re)joining member can pull from, if its region has one."""
+        url = self.relays.get(member.region) if member.region else None
+        relay = self.members.get(url) if url else None
+        if relay is None or relay is member or relay.state != "ready" or relay.removed:
+            return None
+        return relay
+
     async def _sync(self, member: Member, name: str, version: int,
-                    publisher: ServicesPublisher) -> dict:
+                    publisher: ServicesPublisher, relay: str | None = None,
+                    share: bool = False) -> dict:
         if self.trainer_url is not None:
             return await member.client.notify_version(name, version, self.trainer_url,
-                                                      publisher.checksum)
+                                                      publisher.checksum, relay=relay,
+                                                      share=share)
         store = publisher.store
         if store is None:
             raise RuntimeError(f"policy {name!r}: no trainer service and no weight store to push "

@@ -32,9 +32,12 @@ generated when none is given; pass `services.token` to the Session.
 
 A spec's `region` names a Ray custom resource `region:<name>`, which the nodes of that region
 offer (`ray start ... --resources '{"region:eu": 1000}'`); each service takes a sliver of it, so
-many fit on one node. astranb must be installed on every node that runs a service. The
-supervisor's own code travels to the Ray workers by value and needs only the standard library, so
-a worker that merely watches a process never imports astranb or torch.
+many fit on one node. The services are started with `--region <name>`, so a session pulls each
+version into a region once, through a relay among them (astranb.remote.pool).
+
+astranb must be installed on every node that runs a service. The supervisor's own code
+travels to the Ray workers by value and needs only the standard library, so a worker that merely
+watches a process never imports astranb or torch.
 
 If a node is lost, Ray places its services elsewhere and their URLs change: `services.refresh()`
 says which, to pass to `session.remove_rollout(old)` and `session.add_rollout(new)`.
@@ -101,7 +104,8 @@ RESERVED = {"--host": "launch_ray(host=...)", "--port": "the spec's 'port'",
             "--token": "launch_ray(token=...)", "--engine": "the spec's 'engine'",
             "--device": "the spec's 'device'", "--nproc": "the spec's 'nproc'",
             "--checkpoint-dir": "the spec's 'checkpoint_dir'",
-            "--checkpoint-every": "the spec's 'checkpoint_every'"}
+            "--checkpoint-every": "the spec's 'checkpoint_every'",
+            "--region": "the spec's 'region'"}
 
 
 class RaySpecError(AstranbError, ValueError):
@@ -475,6 +479,10 @@ class RayServices(ServiceSet[RayService]):
             except Exception:  # noqa: BLE001 - removed already
                 pass
 
+    def close(self, timeout: float = 30.0) -> None:
+        """The same as `shutdown()` (the name `LocalServices` uses)."""
+        self.shutdown(timeout)
+
     def __enter__(self) -> RayServices:
         return self
 
@@ -599,6 +607,7 @@ def _plans(rollout: Any, trainer: Any) -> list[_Plan]:
                 "rollout", f"rollout-{n}", f"rollout spec {i}", spec["region"], spec["cpus"],
                 spec["gpus"], port,
                 {"args": ["--engine", spec["engine"], "--device", _device(spec, "gpus"),
+                          *(["--region", spec["region"]] if spec["region"] else []),
                           *spec["args"]],
                  "env": dict(spec["env"]), "threads": max(1, int(spec["cpus"])),
                  "checkpoint_dir": None}))

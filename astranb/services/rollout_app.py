@@ -13,6 +13,13 @@ Weights reach an engine in two ways: `POST /v1/notify_version` makes the service
 version from the trainer service (a delta when its own weights are exactly the previous version,
 else a full snapshot), and `POST /v1/weights/{policy}` pushes a payload in the body.
 
+Regions: a service started with `--region NAME` says so in its status. In a region, the session
+makes one service the relay (`share`: it keeps what it pulled, astranb.weights.relay) and tells
+the others to pull from it (`relay`: its URL), so each version crosses the link to the trainer
+once. `GET /v1/weights/{policy}` is the relay's side; a receiver whose relay fails or lags pulls
+from the trainer instead. `--trainer-url` is how this service reaches the trainer, when that
+differs from the session's URL for it (a gateway or tunnel between regions).
+
 Results are kept until acknowledged, so a lost response loses nothing; a duplicate submit (the
 same id) is ignored. Environments are never shipped over the wire: the service builds them from
 the installed registry (entry points) or from the operator's `--environment NAME=module:Class`.
@@ -31,7 +38,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import httpx
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
@@ -49,7 +56,8 @@ from ..remote.serialize import (
 )
 from ..types import GenerationRequest, WeightUpdate
 from ..weights.publish import deliver
-from .http import ServiceConfig, reply, service_app
+from ..weights.relay import NotHeld, RelayCache
+from .http import ServiceConfig, octets, reply, service_app
 
 __all__ = ["RolloutConfig", "RolloutService", "create_app"]
 
@@ -70,6 +78,8 @@ class RolloutConfig:
         environments: extra environments the operator allows, name -> "module:Class".
         sglang_url: attach sglang engines to this server instead of launching one.
         service: bind address, port, token, body limit.
+        region: where the service runs ("" for none); the services of one region share a relay.
+        trainer_url: how this service reaches the trainer (None: the URL the session sends).
     """
 
     engine: Literal["hf", "sglang", "instant"] = "hf"
@@ -78,6 +88,8 @@ class RolloutConfig:
     environments: dict[str, str] = field(default_factory=dict)
     sglang_url: str | None = None
     service: ServiceConfig = field(default_factory=ServiceConfig)
+    region: str = ""
+    trainer_url: str | None = None
 
 
 # -- request bodies (validated by FastAPI, published in the OpenAPI schema) ----------------------
@@ -136,6 +148,8 @@ class NotifyIn(BaseModel):
     version: int = Field(ge=0)
     url: str = Field(pattern=r"^https?://", max_length=2048)
     checksum: int | None = None
+    relay: str | None = Field(default=None, pattern=r"^https?://", max_length=2048)
+    share: bool = False
 
 
 class SamplingIn(BaseModel):
@@ -163,6 +177,7 @@ class Slot:
     spec: dict
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     updating: bool = False
+    relay: RelayCache | None = None  # set while this service relays the policy to its region
 
 
 class RolloutService:
@@ -341,21 +356,73 @@ class RolloutService:
         slot = self._slot(body.policy)
         async with slot.lock:
             engine = slot.engine
+            slot.relay = (slot.relay or RelayCache()) if body.share else None
             if engine.version >= body.version and (body.checksum is None
                                                    or body.checksum == engine.weights_checksum):
-                return self._policy_status(slot) | {"kind": "none", "bytes": 0}
+                if slot.relay is not None and slot.relay.version != engine.version:
+                    slot.relay.holds(engine.version, engine.weights_checksum)  # a new relay
+                none = {"kind": "none", "bytes": 0, "source": "none"}
+                return self._policy_status(slot) | none
             headers = {"authorization": authorization} if authorization else {}
-            url = f"{body.url.rstrip('/')}/v1/weights/{body.policy}"
             have = {"have_version": engine.version, "have_checksum": engine.weights_checksum}
             started = time.perf_counter()
-            payload, applied, _ = await deliver(
-                lambda full: self._fetch(url, {} if full else have, headers),
-                lambda payload: self._apply(slot, payload))
+            got, source, relay_error = None, "trainer", ""
+            if body.relay:
+                got, relay_error = await self._pull_from_relay(slot, body, have, headers)
+                source = "relay" if got is not None else "trainer"
+            if got is None:
+                trainer = self.config.trainer_url or body.url
+                url = f"{trainer.rstrip('/')}/v1/weights/{body.policy}"
+                got = await deliver(lambda full: self._fetch(url, {} if full else have, headers),
+                                    lambda payload: self._apply(slot, payload))
+            payload, applied, _ = got
+            if slot.relay is not None:
+                slot.relay.received(payload, weights.peek(payload, verify=False))
             seconds = time.perf_counter() - started
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload),
-                                            "seconds": seconds}
+                                            "seconds": seconds, "source": source,
+                                            "relay_error": relay_error}
 
-    async def _fetch(self, url: str, params: dict, headers: dict) -> bytes:
+    async def _pull_from_relay(self, slot: Slot, body: NotifyIn, have: dict,
+                               headers: dict) -> tuple[tuple | None, str]:
+        """Bring `slot` to body.version from the region's relay; (None, why) when it cannot
+        (down, lagging, or both payloads it sent were bad), and the trainer is asked instead."""
+        assert body.relay is not None
+        url = f"{body.relay.rstrip('/')}/v1/weights/{body.policy}"
+
+        async def apply(payload: bytes) -> dict:
+            made = weights.peek(payload, verify=False).version
+            if made != body.version:
+                raise HTTPException(409, f"the relay sent version {made}, not {body.version}")
+            return await self._apply(slot, payload)
+
+        try:
+            got = await deliver(
+                lambda full: self._fetch(url, ({} if full else have) | {"version": body.version},
+                                         headers, what="relay"), apply)
+        except (HTTPException, weights.WeightTransferError) as error:
+            return None, str(getattr(error, "detail", error))
+        return got, ""
+
+    async def relay_weights(self, policy: str, version: int, have_version: int | None,
+                            have_checksum: int | None) -> bytes:
+        """What this service, as its region's relay, sends a receiver (see `RelayCache.serve`)."""
+        slot = self._slot(policy)
+        if slot.relay is None:
+            raise HTTPException(409, f"this service does not relay {policy!r} (the session "
+                                     "picks a relay per region); pull from the trainer")
+        async with slot.lock:
+            relay = slot.relay
+            if relay is None:
+                raise HTTPException(409, f"this service stopped relaying {policy!r}")
+            held = getattr(slot.engine, "published_weights", lambda: None)
+            try:  # off the loop: a full snapshot may have to be encoded
+                return await anyio.to_thread.run_sync(relay.serve, version, have_version,
+                                                      have_checksum, held, policy)
+            except NotHeld as error:
+                raise HTTPException(409, f"{error}; pull from the trainer") from None
+
+    async def _fetch(self, url: str, params: dict, headers: dict, what: str = "trainer") -> bytes:
         params = {k: v for k, v in params.items() if v is not None}
         http = self._http
         if http is None:
@@ -371,14 +438,14 @@ class RolloutService:
                 got = answer.status_code, "", answer.content
         except (httpx.HTTPError, OSError, TimeoutError) as error:
             # 502: the trainer is down or restarting, which the pool waits out and retries
-            raise HTTPException(502, f"could not reach the trainer at {url}: "
+            raise HTTPException(502, f"could not reach the {what} at {url}: "
                                      f"{error!r}") from error
         status, _, content = got
         if status != 200:
             # a trainer that refuses (4xx) is a setup error (424); one that fails (5xx) may recover
             text = content[:300].decode("utf-8", "replace")
             code = 502 if status >= 500 else 424
-            raise HTTPException(code, f"trainer answered {status} for {url}: {text}")
+            raise HTTPException(code, f"{what} answered {status} for {url}: {text}")
         return content
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:
@@ -389,6 +456,8 @@ class RolloutService:
             except weights.WeightTransferError as error:
                 raise HTTPException(409, f"{type(error).__name__}: {error}; "
                                          "send a full snapshot") from error
+            if slot.relay is not None:
+                slot.relay.received(payload, weights.peek(payload, verify=False))
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload)}
 
     async def _apply(self, slot: Slot, payload: bytes) -> dict:
@@ -411,6 +480,7 @@ class RolloutService:
     def status(self) -> dict:
         return {
             "service": "rollout", "instance_id": self.instance_id, "engine": self.config.engine,
+            "region": self.config.region,
             "uptime": time.time() - self.started, "availability": self.availability(),
             "capacity": self.config.max_inflight,
             "policies": {name: self._policy_status(s) for name, s in self.slots.items()},
@@ -421,7 +491,8 @@ class RolloutService:
 
     def _policy_status(self, slot: Slot) -> dict:
         return {"policy": slot.name, "version": slot.engine.version,
-                "checksum": slot.engine.weights_checksum, "model": slot.spec["name"]}
+                "checksum": slot.engine.weights_checksum, "model": slot.spec["name"],
+                "relayed": dict(slot.relay.served) if slot.relay is not None else None}
 
     def _slot(self, policy: str) -> Slot:
         slot = self.slots.get(policy)
@@ -517,6 +588,15 @@ def create_app(config: RolloutConfig | None = None) -> FastAPI:
         "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
     async def push_weights(policy: str, request: Request) -> dict:
         return await service.push_weights(policy, await request.body())
+
+    @app.get("/v1/weights/{policy}", response_class=Response,
+             responses={200: {"content": {OCTETS: {}}, "description": "weight payload"}})
+    async def relay_weights(
+        policy: str, version: int = Query(ge=0), have_version: int | None = None,
+        have_checksum: int | None = None,
+    ) -> Response:
+        payload = await service.relay_weights(policy, version, have_version, have_checksum)
+        return octets(payload)
 
     @app.post("/v1/generate")
     async def generate(body: GenerateIn) -> dict:

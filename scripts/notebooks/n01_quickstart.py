@@ -88,6 +88,10 @@ CELLS = [
         '             "filtered_groups", "loss", "entropy", "transfer_kind", "changed_fraction",\n'
         '             "transfer_ratio"]].tail()'
     ),
-    new_markdown_cell("Every episode is recorded; step through one:"),
+    new_markdown_cell(
+        "The run keeps every failed or truncated episode and 8 others a step (`run.episodes`, "
+        "saved in the run folder's `episodes.jsonl.zst`; `train(record=\"all\")` keeps all of "
+        "them); step through the last one:"
+    ),
     new_code_cell("run.episodes[-1].show()\nsession.close()"),
 ]

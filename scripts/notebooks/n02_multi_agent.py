@@ -65,7 +65,9 @@ CELLS = [
     ),
     new_code_cell(
         "run = session.train(steps=steps, batch_size=batch_size, group_size=group_size,\n"
-        "                    max_staleness=max_staleness, mode=mode)\n"
+        "                    max_staleness=max_staleness, mode=mode,\n"
+        "                    record=\"all\")  # keep every episode: the per-version tables"
+        " read them all\n"
         "run.dashboard()"
     ),
     new_code_cell("await run"),

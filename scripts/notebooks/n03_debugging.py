@@ -7,7 +7,8 @@ NAME = "03_debugging"
 CELLS = [
     new_markdown_cell(
         "# Debugging episodes: step through, edit, re-score\n\n"
-        "Every episode a run plays is recorded: each `generate` turn (prompt, completion tokens, "
+        "A run records the episodes it plays (by default every failed or truncated one and a "
+        "sample of the rest): each `generate` turn (prompt, completion tokens, "
         "their logprobs and the weight version that sampled each one), each tool call (the "
         "arithmetic environment checks its answer with `ctx.tool(\"check\", ...)`), and the "
         "rewards. This notebook trains a tiny model on arithmetic for a moment, picks an "
@@ -47,7 +48,9 @@ CELLS = [
     ),
     new_markdown_cell(
         "## A failed episode\n\n"
-        "`run.episodes` holds every finished episode. Take one the model got wrong and open it: "
+        "`run.episodes` holds the episodes the run kept: every failed or truncated one and 8 "
+        "others a step (`train(record=\"all\")` keeps all of them). Take one the model got "
+        "wrong and open it: "
         "`show()` displays the debugger (a widget in JupyterLab, a self-contained HTML viewer in "
         "a saved notebook: use ◀ ▶ or the arrow keys) and returns it. Tokens are shaded by "
         "logprob; hover one for its logprob and weight version."
