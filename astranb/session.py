@@ -53,6 +53,7 @@ from .recorder import Recorder
 from .remote.client import TrainerClient
 from .remote.pool import RolloutPool, ServicesPublisher
 from .remote.process import ProcessPublisher, ProcessTrainer
+from .remote.scaling import Autoscaler
 from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
 from .resuming import FolderLock, Resumption, make_plan, restore, run_folder
@@ -355,6 +356,7 @@ class Session:
         record: str = "sample",
         record_per_step: int = 8,
         loggers: Sequence[Tracker | str] = (),
+        autoscale: Autoscaler | None = None,
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -399,11 +401,17 @@ class Session:
                 They log from threads of their own and are closed, their files complete, when
                 the run ends; one that fails is reported once and switched off, never stopping
                 training.
+            autoscale: an `astranb.remote.scaling.Autoscaler` that adds and drains rollout services
+                during the run from the trainers' idle time (`services.autoscaler()` of
+                `launch_ray` / `launch_local`); needs rollout services.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
+        if autoscale is not None and self._pool is None:
+            raise ValueError("autoscale= adds and drains rollout services; this session plays "
+                             "episodes in this process. Give Session(rollout=[...]) URLs")
         if checkpoint_every is not None:
             _positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
                       "(e.g. checkpoint_every=50), or None for no checkpoints")
@@ -431,7 +439,7 @@ class Session:
                                             record={"mode": record, "per_step": record_per_step}))
         return self._start(config, wired, recorder, heldout, targets=targets,
                            checkpoints=(checkpoint_every or 0, keep_checkpoints),
-                           loggers=trackers)
+                           loggers=trackers, autoscale=autoscale)
 
     @_also_on_the_class
     def resume(self, run: str | int | os.PathLike | None = None, *,
@@ -486,12 +494,13 @@ class Session:
     def _start(self, config: RunConfig, wired, recorder: Recorder, heldout: HeldOut | None, *,
                targets: Mapping[str, int], checkpoints: tuple[int, int],
                position: Mapping[str, Any] | None = None, time_offset: float = 0.0,
-               loggers: Sequence[Tracker] = ()) -> Run:
+               loggers: Sequence[Tracker] = (), autoscale: Autoscaler | None = None) -> Run:
         policies = sorted({p.name for _, wiring, _ in wired for p in wiring.values()})
         scope_box: list[anyio.CancelScope] = []
         final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
         resume = {"targets": dict(targets), "checkpoints": checkpoints,
-                  "position": position or {}, "time_offset": time_offset}
+                  "position": position or {}, "time_offset": time_offset,
+                  "autoscale": autoscale}
         info = RunInfo.begin(recorder, config, wired,  # run.json: settings, then how it ended
                              stopped=lambda: bool(scope_box) and scope_box[0].cancel_called)
         trackers = None if not loggers else Trackers(
@@ -745,7 +754,10 @@ class Session:
         try:
             with anyio.CancelScope() as scope:
                 scope_box.append(scope)
-                await self._flow.run()
+                scaler = resume.get("autoscale")
+                also = [] if scaler is None else [functools.partial(
+                    scaler.run, self._pool, lambda: recorder.rows, recorder.add_event)]
+                await self._flow.run(*also)
         except BaseExceptionGroup as group:
             failure = _root_cause(group)
         else:

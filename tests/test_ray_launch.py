@@ -225,3 +225,24 @@ def test_a_service_that_cannot_start_is_reported_with_its_log(cluster):
         launch_ray(rollout=[{"args": ["--environment", "nonsense"]}], timeout=120)
     assert time.monotonic() - started < 90
     _wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_rollout_services_are_added_and_removed_on_the_cluster(cluster):
+    with launch_ray(rollout=[{**SERVICE, "region": "a"}], timeout=180) as services:
+        assert ray.available_resources().get("CPU") == 3
+        url = services.add_rollout()  # like the first: region a, one CPU
+        assert services.rollout_urls[1] == url and _answers(url)
+        assert _status(url, services.token)["region"] == "a"  # --region went on
+        names = [i["name"] for i in services.info()]
+        assert names == ["rollout-0", "rollout-1"]
+        assert ray.available_resources().get("CPU") == 2
+        services.remove_rollout(services.rollout_urls[0])
+        assert services.rollout_urls == [url]
+        _wait_for(lambda: ray.available_resources().get("CPU") == 3, 30, "the CPU freed")
+        assert services.add_rollout({**SERVICE, "region": "b"}) == services.rollout_urls[1]
+        assert [i["name"] for i in services.info()] == ["rollout-1", "rollout-2"]  # never reused
+        with pytest.raises(ValueError, match="no rollout service at http://nowhere"):
+            services.remove_rollout("http://nowhere")
+    _wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")

@@ -4,6 +4,7 @@ in-process parts satisfy.
     client.py     async httpx clients of both services (injectable transport)
     pool.py       RolloutPool (routing, heartbeats, failover, accounting) and ServicesPublisher
     trainer.py    RemoteTrainer: a policy's trainer on a trainer service
+    scaling.py    Autoscaler: adds and drains rollout services from the trainers' idle time
     serialize.py  the wire format: trajectories, generations and specs as dicts; batches as
                   safetensors bytes; JSON or msgpack bodies (never pickle)
 

@@ -68,12 +68,13 @@ class Member:
     removed: bool = False
     last_error: str = ""
     region: str = ""
+    draining: bool = False  # takes no new work; removed once what it holds is in
 
     @property
     def room(self) -> int:
         """Episodes to send it now: its capacity minus what this session has in flight there
         (counted here exactly), none while it applies weights or is not ready."""
-        if self.state != "ready" or self.updating:
+        if self.state != "ready" or self.updating or self.draining:
             return -1
         return self.capacity - len(self.inflight)
 
@@ -160,6 +161,23 @@ class RolloutPool:
                              f"{sorted(self.members)}")
         member.removed = True
         self._fail_over(member)
+
+    async def drain(self, url: str) -> None:
+        """Give a rollout service no new work, wait until the episodes it holds are in, then
+        remove it. If it dies meanwhile, what it held is resubmitted (as for any failure)."""
+        member = self.members.get(url.rstrip("/"))
+        if member is None or member.removed:
+            raise ValueError(f"{url} is not a rollout service of this session: "
+                             f"{sorted(self.members)}")
+        member.draining = True
+        while member.inflight and member.state in ("ready", "suspect", "new"):
+            await anyio.sleep(self.poll_wait)
+        self.remove(url)
+
+    @property
+    def queued(self) -> int:
+        """Episodes waiting for a rollout slot."""
+        return len(self._queue)
 
     def ready(self) -> list[Member]:
         return [m for m in self.members.values() if m.state == "ready" and not m.removed]
@@ -451,7 +469,7 @@ class RolloutPool:
     def _relay_candidates(self, members: list[Member]) -> list[Member]:
         """The region's relay first while it is ready, then the others by URL."""
         current = self.relays.get(members[0].region)
-        ordered = sorted(members, key=lambda m: (m.url != current, m.url))
+        ordered = sorted(members, key=lambda m: (m.draining, m.url != current, m.url))
         return [m for m in ordered if m.state == "ready"]
 
     def _relay_of(self, member: Member) -> Member | None:

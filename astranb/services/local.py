@@ -28,10 +28,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
+from ..remote.scaling import Autoscaler
 from .http import free_port
 
 __all__ = ["LocalService", "LocalServices", "launch_local"]
@@ -197,6 +198,19 @@ class ServiceSet(Generic[S]):
         """What to pass as `Session(trainer=...)` (None without a trainer service)."""
         return self.trainer.url if self.trainer else None
 
+    def add_rollout(self) -> str:
+        """Start one more rollout service like the first; its URL once it answers."""
+        raise NotImplementedError
+
+    def remove_rollout(self, url: str) -> None:
+        """Stop one rollout service (drain it first: `session.train(autoscale=...)` does)."""
+        raise NotImplementedError
+
+    def autoscaler(self, **settings: Any) -> Autoscaler:
+        """An `Autoscaler` that adds and removes rollout services of this set, for
+        `session.train(autoscale=...)`; `settings`: rule, min_services, max_services, interval."""
+        return Autoscaler(add=self.add_rollout, remove=self.remove_rollout, **settings)
+
 
 class LocalServices(ServiceSet[LocalService]):
     """The services `launch_local` started; a context manager that stops them on exit.
@@ -208,6 +222,29 @@ class LocalServices(ServiceSet[LocalService]):
 
     def __init__(self, rollout: list[LocalService], trainer: LocalService | None):
         self.rollout, self.trainer = rollout, trainer
+
+    def add_rollout(self, timeout: float = 120.0) -> str:
+        """Start one more rollout service with the first one's settings; its URL once it
+        answers /health (for `session.add_rollout(url)`, or an autoscaler)."""
+        first = self.rollout[0]
+        service = LocalService("rollout", first.args,
+                               first.log_path.parent / f"rollout-{len(self.rollout)}.log",
+                               env=first.env).start()
+        try:
+            service.wait_healthy(timeout)
+        except BaseException:
+            service.stop()
+            raise
+        self.rollout.append(service)
+        return service.url
+
+    def remove_rollout(self, url: str) -> None:
+        """Stop the rollout service at `url` and forget it (drain it in the session first)."""
+        service = next((s for s in self.rollout if s.url == url.rstrip("/")), None)
+        if service is None:
+            raise ValueError(f"no rollout service at {url}: {self.rollout_urls}")
+        service.stop()
+        self.rollout.remove(service)
 
     def close(self) -> None:
         """Stop every service (SIGTERM, then SIGKILL after 10 s); safe to call twice."""

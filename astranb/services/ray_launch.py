@@ -45,6 +45,7 @@ says which, to pass to `session.remove_rollout(old)` and `session.add_rollout(ne
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import importlib.util
 import os
@@ -399,6 +400,9 @@ class RayServices(ServiceSet[RayService]):
         self._groups: list[Any] = []
         self._actors: list[Any] = []
         self._closed = False
+        self._settings: dict[str, Any] = {}  # launch_ray's host, max_restarts, timeout, work_dir
+        self._rollout_plan: _Plan | None = None  # what add_rollout() starts by default
+        self._made = 0  # rollout services made so far (names are never reused)
 
     @property
     def rollout_actors(self) -> list[Any]:
@@ -479,6 +483,44 @@ class RayServices(ServiceSet[RayService]):
             except Exception:  # noqa: BLE001 - removed already
                 pass
 
+    def add_rollout(self, spec: Mapping[str, Any] | None = None) -> str:
+        """Start one more rollout service on the cluster: like the first rollout spec, or as
+        `spec` says (a rollout spec; its `count` is ignored). Returns its URL once it answers,
+        for `session.add_rollout(url)` or an autoscaler (`services.autoscaler()`).
+
+        Raises:
+            RaySpecError: a bad spec. RayLaunchError: it was not placed or did not start.
+        """
+        if self._closed:
+            raise RuntimeError("these services were shut down; launch_ray() again")
+        ray = _import_ray()
+        base = self._rollout_plan if spec is None else _plans([spec], None)[0]
+        assert base is not None  # launch_ray always starts a rollout service
+        plan = dataclasses.replace(base, name=f"rollout-{self._made}", port=None)
+        self._made += 1
+        before = len(self.rollout)
+        _start(ray, self, [plan], **self._settings)
+        return self.rollout[before].url
+
+    def remove_rollout(self, url: str, timeout: float = 30.0) -> None:
+        """Stop the rollout service at `url` and free its resources (drain it in the session
+        first: an autoscaler does)."""
+        service = next((s for s in self.rollout if s.url == url.rstrip("/")), None)
+        if service is None:
+            raise ValueError(f"no rollout service at {url}: {self.rollout_urls}")
+        ray = _import_ray()
+        try:
+            ray.get(service.actor.stop.remote(), timeout=timeout)
+        except Exception:  # noqa: BLE001 - dead or slow: killed below either way
+            pass
+        ray.kill(service.actor, no_restart=True)
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(service.placement_group)
+        self.rollout.remove(service)
+        self._actors = [a for a in self._actors if a is not service.actor]
+        self._groups = [g for g in self._groups if g is not service.placement_group]
+
     def close(self, timeout: float = 30.0) -> None:
         """The same as `shutdown()` (the name `LocalServices` uses)."""
         self.shutdown(timeout)
@@ -552,6 +594,10 @@ def launch_ray(
         _check_capacity(plans, [n for n in ray.nodes() if n.get("Alive")])
     launch = uuid.uuid4().hex[:8]
     services = RayServices(token, launch)
+    services._settings = {"host": host, "max_restarts": max_restarts, "timeout": timeout,
+                          "work_dir": work_dir}
+    services._rollout_plan = next(p for p in plans if p.kind == "rollout")
+    services._made = sum(1 for p in plans if p.kind == "rollout")
     try:
         _start(ray, services, plans, host=host, max_restarts=max_restarts, timeout=timeout,
                work_dir=work_dir)
