@@ -5,6 +5,7 @@ in-process parts satisfy.
     pool.py       RolloutPool (routing, heartbeats, failover, accounting) and ServicesPublisher
     trainer.py    RemoteTrainer: a policy's trainer on a trainer service
     scaling.py    Autoscaler: adds and drains rollout services from the trainers' idle time
+    routing.py    which service gets each queued episode: the one that would finish it first
     serialize.py  the wire format: trajectories, generations and specs as dicts; batches as
                   safetensors bytes; JSON or msgpack bodies (never pickle)
 

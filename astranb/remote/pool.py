@@ -20,6 +20,9 @@ version, either by telling it to pull from the trainer service (delta when its b
 full) or, with a trainer in this process, by pushing the store's payload
 (`astranb.weights.publish.deliver` heals a rejected delta with a full snapshot).
 
+Routing: queued episodes go to the services that would finish them first, from each one's
+measured pace and weight-update time (astranb.remote.routing), so a slow or far service gets less.
+
 Regions: members whose services declare a region pull through a relay. Per region and version,
 the relay (the current one while it is ready, else the first ready member by URL) pulls from the
 trainer and keeps the payload; then the region's other members pull it from the relay. A relay
@@ -45,6 +48,7 @@ from ..types import Trajectory
 from ..weights.publish import deliver
 from ..weights.store import WeightStore
 from .client import RolloutClient, ServiceError, ServiceUnavailable
+from .routing import Pace, split
 from .serialize import spec_to_wire, trajectory_from_wire
 
 __all__ = ["RolloutPool", "ServicesPublisher", "NoRolloutService", "ServiceRejected"]
@@ -69,6 +73,9 @@ class Member:
     last_error: str = ""
     region: str = ""
     draining: bool = False  # takes no new work; removed once what it holds is in
+    pace: Pace = field(default_factory=Pace)  # episodes per second while it has work
+    last_pull: float = field(default_factory=time.monotonic)
+    sync_seconds: float = 0.0  # how long its last weight update took
 
     @property
     def room(self) -> int:
@@ -243,6 +250,7 @@ class RolloutPool:
                 member.instance_id, member.capacity = status["instance_id"], status["capacity"]
                 member.engine = status["engine"]
                 member.state, member.last_ok = "ready", time.monotonic()
+                member.last_pull = member.last_ok
         except ServiceUnavailable as error:
             member.last_error = str(error)
             return False
@@ -270,7 +278,10 @@ class RolloutPool:
         if answer.get("instance_id") != member.instance_id:  # restarted in between: work lost
             self._fail_over(member)
             return
-        member.last_ok, member.updating = time.monotonic(), answer.get("updating", False)
+        now = time.monotonic()
+        member.pace.observe(now - member.last_pull, len(answer["results"]), bool(member.inflight))
+        member.last_ok, member.last_pull = now, now
+        member.updating = answer.get("updating", False)
         if member.state == "suspect":
             member.state = "ready"
             self._queued.set()
@@ -323,31 +334,36 @@ class RolloutPool:
             if not self._queue:
                 await self._wait_queued()
                 continue
-            targets = sorted(self.ready(), key=lambda m: m.room, reverse=True)
-            if not targets or targets[0].room <= 0:
+            targets = [m for m in self.ready() if m.room > 0]
+            if not targets:
                 await self._wait_queued(timeout=self.poll_wait)
                 if not self.ready():
                     self._check_patience()
                 continue
-            member = targets[0]
-            take = min(member.room, len(self._queue), 4096)
-            items = [self._queue.popleft() for _ in range(take)]
-            items = [i for i in items if i["id"] in self._waiting]  # not abandoned meanwhile
-            if not items:
-                continue
-            for item in items:
-                member.inflight[item["id"]] = item
-            wire = [dict(i, env_id=member.env_ids[i["env"]]) for i in items]
-            for w in wire:
-                w.pop("env")
-            try:
-                await member.client.submit(wire)
-            except (ServiceUnavailable, ServiceError):
-                self._missed(member)
-                if member.state == "ready":
-                    member.state = "suspect"
-                # the service may or may not have them: keep them in its accounting until it answers
-                # (then they arrive) or it is declared dead (then they are resubmitted)
+            # each episode to the service that would finish it first (astranb.remote.routing)
+            counts = split(min(len(self._queue), 4096), [m.room for m in targets],
+                           [len(m.inflight) for m in targets], [m.pace.rate for m in targets],
+                           [m.sync_seconds for m in targets])
+            for member, count in zip(targets, counts, strict=True):
+                items = [self._queue.popleft() for _ in range(count)]
+                items = [i for i in items if i["id"] in self._waiting]  # not abandoned meanwhile
+                if items:
+                    await self._submit(member, items)
+
+    async def _submit(self, member: Member, items: list[dict]) -> None:
+        for item in items:
+            member.inflight[item["id"]] = item
+        wire = [dict(i, env_id=member.env_ids[i["env"]]) for i in items]
+        for w in wire:
+            w.pop("env")
+        try:
+            await member.client.submit(wire)
+        except (ServiceUnavailable, ServiceError):
+            self._missed(member)
+            if member.state == "ready":
+                member.state = "suspect"
+            # the service may or may not have them: keep them in its accounting until it answers
+            # (then they arrive) or it is declared dead (then they are resubmitted)
 
     async def _wait_queued(self, timeout: float | None = None) -> None:
         self._queued = anyio.Event()
@@ -422,9 +438,10 @@ class RolloutPool:
 
             async def one(member: Member, relay: Member | None = None, share: bool = False) -> bool:
                 try:
-                    answers[member.url] = await self._sync(
+                    answers[member.url] = answer = await self._sync(
                         member, name, version, publisher,
                         relay=relay.url if relay is not None else None, share=share)
+                    member.sync_seconds = float(answer.get("seconds", 0.0))
                     return True
                 except (ServiceUnavailable, ServiceError):
                     self._fail_over(member)  # it catches up when it answers again
