@@ -55,7 +55,7 @@ def test_the_pace_counts_only_time_with_work_and_decays():
 
 
 def _far_share(tmp_path) -> tuple[int, int]:
-    """Episodes sent to the near and the far service in a 30-step run."""
+    """Episodes sent to the near and the far service in a 20-step run."""
     session, apps, transports = in_process_services(lambda **kw: ab.Session(tmp_path, **kw),
                                                     engine="instant")
     far = transports["http://r1"]
@@ -69,13 +69,13 @@ def _far_share(tmp_path) -> tuple[int, int]:
     with session:
         policy = session.policy("solver", ab.models.tiny(), engine="instant")
         session.wire(CountA(), solver=policy)
-        run = session.train(steps=30, batch_size=16, group_size=4, max_staleness=1)
+        run = session.train(steps=20, batch_size=16, group_size=4, max_staleness=1)
         run.wait(progress=False)
         assert run.accounting["lost"] == 0
         assert (run.metrics["staleness_max"] <= 1).all()
         near_n, far_n = (apps[u].state.service.counters["submitted"]
                          for u in ("http://r0", "http://r1"))
-    assert near_n + far_n >= 30 * 16
+    assert near_n + far_n >= 20 * 16
     return near_n, far_n
 
 
