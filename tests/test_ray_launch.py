@@ -5,6 +5,7 @@ custom resources region:a and region:b stand for two regions."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -246,3 +247,23 @@ def test_rollout_services_are_added_and_removed_on_the_cluster(cluster):
         with pytest.raises(ValueError, match="no rollout service at http://nowhere"):
             services.remove_rollout("http://nowhere")
     _wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
+
+
+def test_an_address_is_not_silently_ignored_when_connected_already(cluster):
+    with pytest.warns(RuntimeWarning, match="connected to Ray already and stays on that cluster"):
+        with pytest.raises(RaySpecError):  # checked on the cluster it is connected to
+            launch_ray(rollout=[{"region": "mars"}], address="10.0.0.1:6379")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_ray_that_launch_ray_started_is_stopped_by_shutdown(tmp_path):
+    code = ("import ray\nfrom astranb.services import launch_ray\n"
+            "services = launch_ray(rollout=[{'engine': 'instant', 'cpus': 0.5}], timeout=120)\n"
+            "print('connected', ray.is_initialized(), flush=True)\n"
+            "services.shutdown()\n"
+            "print('after shutdown', ray.is_initialized(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "connected True" in done.stdout and "after shutdown False" in done.stdout

@@ -46,6 +46,7 @@ says which, to pass to `session.remove_rollout(old)` and `session.add_rollout(ne
 from __future__ import annotations
 
 import dataclasses
+import html
 import http.client
 import importlib.util
 import os
@@ -59,6 +60,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,6 +405,7 @@ class RayServices(ServiceSet[RayService]):
         self._settings: dict[str, Any] = {}  # launch_ray's host, max_restarts, timeout, work_dir
         self._rollout_plan: _Plan | None = None  # what add_rollout() starts by default
         self._made = 0  # rollout services made so far (names are never reused)
+        self._owns_ray = False  # launch_ray connected to Ray itself
 
     @property
     def rollout_actors(self) -> list[Any]:
@@ -482,6 +485,8 @@ class RayServices(ServiceSet[RayService]):
                 remove_placement_group(group)
             except Exception:  # noqa: BLE001 - removed already
                 pass
+        if self._owns_ray:  # launch_ray connected (or started Ray here): undo that too
+            ray.shutdown()
 
     def add_rollout(self, spec: Mapping[str, Any] | None = None) -> str:
         """Start one more rollout service on the cluster: like the first rollout spec, or as
@@ -530,6 +535,14 @@ class RayServices(ServiceSet[RayService]):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def _repr_html_(self) -> str:
+        state = "shut down" if self._closed else "running"
+        rows = "".join(
+            f"<tr><td>{html.escape(s.name)}</td><td><code>{html.escape(s.url)}</code></td>"
+            f"<td>{html.escape(s.region or '')}</td></tr>" for s in self.all)
+        return (f"<b>RayServices</b> ({state}, token required)<table><tr><th>service</th>"
+                f"<th>url</th><th>region</th></tr>{rows}</table>")
 
     def __repr__(self) -> str:
         state = "shut down" if self._closed else "running"
@@ -589,11 +602,13 @@ def launch_ray(
         raise RaySpecError(f"max_restarts must be -1 (no limit) or >= 0, got {max_restarts}")
     plans = _plans(rollout, trainer)
     token = token or secrets.token_urlsafe(32)
+    connected = ray.is_initialized()
     _connect(ray, address)
     if not autoscale:
         _check_capacity(plans, [n for n in ray.nodes() if n.get("Alive")])
     launch = uuid.uuid4().hex[:8]
     services = RayServices(token, launch)
+    services._owns_ray = not connected  # shutdown() then disconnects (and stops a local Ray)
     services._settings = {"host": host, "max_restarts": max_restarts, "timeout": timeout,
                           "work_dir": work_dir}
     services._rollout_plan = next(p for p in plans if p.kind == "rollout")
@@ -621,6 +636,10 @@ def _import_ray() -> Any:
 
 def _connect(ray: Any, address: str | None) -> None:
     if ray.is_initialized():
+        if address not in (None, "auto"):
+            warnings.warn(f"launch_ray(address={address!r}): this process is connected to Ray "
+                          "already and stays on that cluster; call ray.shutdown() first to use "
+                          "another", RuntimeWarning, stacklevel=3)
         return
     how = ("start a cluster with `ray start --head` and pass its HOST:PORT (or address='auto' "
            "on one of its nodes), or pass address=None to start Ray on this machine")
