@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from astranb.errors import ServiceError, ServiceUnavailable
 from astranb.remote.client import TrainerClient, get_octets
-from astranb.services import rollout_app, trainer_app
+from astranb.services import rollout_app, rollout_bodies, trainer_app
 from astranb.services.http import ServiceConfig, install, octets
 from astranb.weights import CorruptPayload, Mirror, checksum, codec, peek
 from astranb.weights.store import WeightStore
@@ -255,13 +255,13 @@ async def rollout_pull(url: str, initial: bytes, version: int = 1):
     answer (or error) and the engine's (version, checksum) after."""
     service = rollout_app.RolloutService(rollout_app.RolloutConfig(engine="instant"))
     async with service.running():
-        model = rollout_app.ModelIn(name="tiny", kind="tiny")
-        await service.add_policy(rollout_app.PolicyIn(name="p", model=model))
+        model = rollout_bodies.ModelIn(name="tiny", kind="tiny")
+        await service.add_policy(rollout_bodies.PolicyIn(name="p", model=model))
         await service.push_weights("p", initial)
         engine = service.slots["p"].engine
         try:
             answer: dict | Exception = await service.sync_weights(
-                rollout_app.NotifyIn(policy="p", version=version, url=url), None)
+                rollout_bodies.NotifyIn(policy="p", version=version, url=url), None)
         except Exception as error:  # noqa: BLE001 - the test looks at it
             answer = error
         return answer, (engine.version, engine.weights_checksum)

@@ -39,7 +39,7 @@ from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 from ..training.local import AdamWConfig, LocalTrainer
 from ..weights.store import WeightStore
 from .http import ServiceConfig, octets, reply, service_app
-from .rollout_app import NAME, ModelIn
+from .rollout_bodies import NAME, ModelIn
 
 __all__ = ["TrainerConfig", "TrainerBackend", "LocalBackend", "TrainerService", "create_app"]
 
