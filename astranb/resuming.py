@@ -9,6 +9,10 @@ from their recipes, environments are made again by name (`ab.environments.load`)
 caller passes them, each trainer loads its newest good checkpoint (its weights checked bit for
 bit against the checkpoint's checksum) and the engines get those weights before anything plays.
 
+`resume` is `Session.resume`'s body: `restore`, the engines brought to the loaded weights, the
+run's held-out windows and Recorder made again from the plan, and the run started on
+(`running.start`). `also_on_the_class` lets `ab.Session.resume(folder)` open the Session itself.
+
 Lock: a Session writes `<folder>/session.lock` (pid, host, time) and removes it on close. A
 second Session on the same folder while the owner lives is refused, with the owner named. A lock
 whose process is gone (kill -9, a dead kernel) is taken over. Within one process, an earlier
@@ -19,12 +23,13 @@ still training is an error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import socket
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,20 +44,30 @@ from .checkpoint import (
     read_plan,
     restore_rng,
     set_aside_rows,
+    write_plan,
 )
 from .contracts import Checkpointable
 from .dataflow.config import RunConfig
 from .errors import AstranbError
+from .evaluating import heldout, positive
 from .models import ModelSpec
+from .recorder import Recorder
 from .runinfo import pid_alive
+from .running import decoder, start
+from .trackers import resolve as resolve_trackers
 from .training.local import AdamWConfig
 from .weights.codec import checksum
 
 if TYPE_CHECKING:
+    from .dataflow.flow import HeldOut
     from .environments.base import Environment
     from .policy import Policy
+    from .run import Run
+    from .session import Session
 
-__all__ = ["Resumption", "FolderLocked", "FolderLock", "make_plan", "restore", "run_folder"]
+__all__ = ["Resumption", "FolderLocked", "FolderLock", "make_plan", "restore", "run_folder",
+           "resume", "also_on_the_class", "next_run_folder", "write_run_plan",
+           "check_checkpointing"]
 
 
 class FolderLocked(AstranbError, RuntimeError):
@@ -81,6 +96,41 @@ def make_plan(config: RunConfig, wired: Sequence[tuple[Any, Mapping[str, Any], f
         "evaluation": dict(evaluation) if evaluation else None,
         "record": dict(record) if record else None,
     }
+
+
+def write_run_plan(directory: Path, config: RunConfig,
+                   wired: Sequence[tuple[Any, Mapping[str, Any], float]],
+                   recipes: Mapping[str, Mapping[str, Any]], targets: Mapping[str, int], *,
+                   checkpoint_every: int, keep: int, held_out: HeldOut | None, eval_n: int,
+                   record: str, per_step: int) -> None:
+    """Write plan.json of a run that `Session.train` starts with checkpoints."""
+    evaluation = None if held_out is None else {
+        "env": held_out.env.name, "split": held_out.split, "n": eval_n, "k": held_out.k,
+        "every": held_out.every}
+    write_plan(directory, make_plan(config, wired, recipes, targets,
+                                    checkpoint_every=checkpoint_every, keep=keep,
+                                    evaluation=evaluation,
+                                    record={"mode": record, "per_step": per_step}))
+
+
+def check_checkpointing(session: Session, checkpoint_every: int | None) -> None:
+    """Refuse `train(checkpoint_every=...)` where it cannot work, before any work starts."""
+    if checkpoint_every is None:
+        return
+    positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
+             "(e.g. checkpoint_every=50), or None for no checkpoints")
+    if session._pool is not None or not all(
+            isinstance(p.trainer, Checkpointable) for p in session.policies.values()):
+        raise ValueError("checkpoint_every is for runs in this process; a trainer "
+                         "service checkpoints itself (`astranb serve trainer "
+                         "--checkpoint-every N`)")
+
+
+def next_run_folder(directory: Path) -> Path:
+    """run-NNN after every run folder already here (from earlier Sessions too)."""
+    taken = [int(p.name[4:]) for p in directory.glob("run-*")
+             if p.name[4:].isdigit()]
+    return directory / f"run-{max(taken, default=-1) + 1:03d}"
 
 
 def _registry(env: Any) -> dict[str, Any] | None:
@@ -154,6 +204,57 @@ def run_folder(directory: Path, run: str | int | os.PathLike | None) -> Path:
     if not path.is_dir():
         raise NoCheckpoint(f"no run folder {path}")
     return path
+
+
+def resume(session: Session, run: str | int | os.PathLike | None,
+           envs: Mapping[str, Environment] | Sequence[Environment] | None,
+           loggers: Sequence[Any] | None) -> Run:
+    """`Session.resume`: rebuild the run on `session`, load its checkpoints, start it again."""
+    trackers = resolve_trackers(loggers)
+    found: Resumption = restore(session, run_folder(session.directory, run), envs)
+    for policy in {p.name: p for _, w, _ in found.wired for p in w.values()}.values():
+        session._loop().call(policy.publish)  # the engines sample from the loaded weights
+    plan = found.plan
+    held_out = None
+    if plan.get("evaluation"):
+        e = plan["evaluation"]
+        env = next((env for env, _, _ in found.wired if env.name == e["env"]), None)
+        if env is not None:
+            held_out = heldout(found.wired, env, e["split"], e["n"], e["k"], e["every"])
+    policies = sorted({p.name for _, w, _ in found.wired for p in w.values()})
+    record = plan.get("record") or {}
+    recorder = Recorder(found.directory, {n: decoder(session.policies[n]) for n in policies},
+                        record=record.get("mode", "sample"),
+                        per_step=record.get("per_step", 8), seed=found.config.seed)
+    recorder.continue_from(found.rows)
+    recorder.add_event("resumed", found.event())
+    return start(session, found.config, found.wired, recorder, held_out, targets=found.targets,
+                 checkpoints=(plan["checkpoint_every"], plan["keep_checkpoints"]),
+                 position=found.position, time_offset=found.time, loggers=trackers)
+
+
+class also_on_the_class:  # noqa: N801 - used as a decorator
+    """A method that, called on the class with a folder first, opens a Session on that folder
+    and calls it there: `ab.Session.resume("runs/x")` is `ab.Session("runs/x").resume()`."""
+
+    def __init__(self, method: Callable[..., Any]):
+        self.method = method
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        if obj is not None:
+            return functools.partial(self.method, obj)
+
+        @functools.wraps(self.method)
+        def on_a_new_session(directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+            session = cls(directory)
+            try:
+                return self.method(session, *args, **kwargs)
+            except BaseException:
+                session.close()
+                raise
+
+        return on_a_new_session
 
 
 def restore(session: Any, directory: Path,

@@ -18,35 +18,23 @@ go on while the notebook runs other cells, and heavy torch work stays off the ke
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import os
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, overload
 
-import anyio
 import torch
 from anyio.from_thread import start_blocking_portal
 
-from . import environments
+from . import environments, evaluating, resuming, running
 from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
-from .checkpoint import write_checkpoint, write_plan
-from .contracts import Checkpointable
 from .dataflow.config import RunConfig
-from .dataflow.flow import Dataflow, HeldOut
-from .dataflow.orchestrator import Source, play_heldout
+from .dataflow.flow import Dataflow
 from .engines import HFEngine
 from .environments.base import Environment
-from .evaluation import (
-    RoleEvaluation,
-    check_evaluation,
-    evaluate_trajectories,
-    heldout_samples,
-)
+from .evaluation import RoleEvaluation, check_evaluation
 from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
 from .recorder import Recorder
@@ -56,13 +44,11 @@ from .remote.process import ProcessPublisher, ProcessTrainer
 from .remote.scaling import Autoscaler
 from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
-from .resuming import FolderLock, Resumption, make_plan, restore, run_folder
+from .resuming import FolderLock, also_on_the_class
 from .run import Run
-from .runinfo import RunInfo
-from .trackers import Tracker, Trackers, run_hyperparameters
+from .trackers import Tracker
 from .trackers import resolve as resolve_trackers
 from .training.local import AdamWConfig, LocalTrainer
-from .types import Trajectory
 from .weights.publish import EnginePublisher, StatePublisher
 from .weights.store import WeightStore
 from .wiring import Wiring
@@ -70,30 +56,6 @@ from .wiring import Wiring
 __all__ = ["Session"]
 
 ENGINES = ("hf",)
-
-
-class _also_on_the_class:  # noqa: N801 - used as a decorator
-    """A method that, called on the class with a folder first, opens a Session on that folder
-    and calls it there: `ab.Session.resume("runs/x")` is `ab.Session("runs/x").resume()`."""
-
-    def __init__(self, method: Callable[..., Any]):
-        self.method = method
-        functools.update_wrapper(self, method)  # type: ignore[arg-type]
-
-    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
-        if obj is not None:
-            return functools.partial(self.method, obj)
-
-        @functools.wraps(self.method)
-        def on_a_new_session(directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
-            session = cls(directory)
-            try:
-                return self.method(session, *args, **kwargs)
-            except BaseException:
-                session.close()
-                raise
-
-        return on_a_new_session
 
 
 class Session:
@@ -140,6 +102,7 @@ class Session:
         self._recipes: dict[str, dict[str, Any]] = {}  # Session.policy's options, for plan.json
         self._wiring: list[tuple[Environment, dict[str, Policy], float]] = []
         self._runs: list[Run] = []
+        self._flow: Dataflow | None = None  # the newest run's (running.py)
         self._stack = ExitStack()
         self._portal = None
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
@@ -412,36 +375,26 @@ class Session:
         if autoscale is not None and self._pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")
-        if checkpoint_every is not None:
-            _positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
-                      "(e.g. checkpoint_every=50), or None for no checkpoints")
-            if self._pool is not None or not all(
-                    isinstance(p.trainer, Checkpointable) for p in self.policies.values()):
-                raise ValueError("checkpoint_every is for runs in this process; a trainer "
-                                 "service checkpoints itself (`astranb serve trainer "
-                                 "--checkpoint-every N`)")
-        wired = self._check_ready()
-        heldout = (None if eval_every is None
-                   else self._heldout(wired, eval_env, eval_split, eval_n, eval_k, eval_every))
+        resuming.check_checkpointing(self, checkpoint_every)
+        wired = running.check_ready(self)
+        heldout = (None if eval_every is None else evaluating.heldout(
+            wired, eval_env, eval_split, eval_n, eval_k, eval_every))
         policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
         trackers = resolve_trackers(loggers)  # a bad logger fails here, before any work
-        directory = self._next_run_folder()
-        recorder = Recorder(directory, {name: _decoder(p) for name, p in policies.items()},
+        directory = resuming.next_run_folder(self.directory)
+        recorder = Recorder(directory, {name: running.decoder(p) for name, p in policies.items()},
                             record=record, per_step=record_per_step, seed=seed)
         targets = {name: p.version + steps for name, p in policies.items()}
         if checkpoint_every:
-            evaluation = None if heldout is None else {
-                "env": heldout.env.name, "split": eval_split, "n": eval_n, "k": eval_k,
-                "every": eval_every}
-            write_plan(directory, make_plan(config, wired, self._recipes, targets,
-                                            checkpoint_every=checkpoint_every,
-                                            keep=keep_checkpoints, evaluation=evaluation,
-                                            record={"mode": record, "per_step": record_per_step}))
-        return self._start(config, wired, recorder, heldout, targets=targets,
-                           checkpoints=(checkpoint_every or 0, keep_checkpoints),
-                           loggers=trackers, autoscale=autoscale)
+            resuming.write_run_plan(directory, config, wired, self._recipes, targets,
+                                    checkpoint_every=checkpoint_every, keep=keep_checkpoints,
+                                    held_out=heldout, eval_n=eval_n, record=record,
+                                    per_step=record_per_step)
+        return running.start(self, config, wired, recorder, heldout, targets=targets,
+                             checkpoints=(checkpoint_every or 0, keep_checkpoints),
+                             loggers=trackers, autoscale=autoscale)
 
-    @_also_on_the_class
+    @also_on_the_class
     def resume(self, run: str | int | os.PathLike | None = None, *,
                envs: Mapping[str, Environment] | Sequence[Environment] | None = None,
                loggers: Sequence[Any] | None = None) -> Run:
@@ -469,59 +422,7 @@ class Session:
             NoCheckpoint: the run has no plan or no good checkpoint.
             ValueError: the run finished already, or its environments cannot be made again.
         """
-        trackers = resolve_trackers(loggers)
-        found: Resumption = restore(self, run_folder(self.directory, run), envs)
-        for policy in {p.name: p for _, w, _ in found.wired for p in w.values()}.values():
-            self._loop().call(policy.publish)  # the engines sample from the loaded weights
-        plan = found.plan
-        heldout = None
-        if plan.get("evaluation"):
-            e = plan["evaluation"]
-            env = next((env for env, _, _ in found.wired if env.name == e["env"]), None)
-            if env is not None:
-                heldout = self._heldout(found.wired, env, e["split"], e["n"], e["k"], e["every"])
-        policies = sorted({p.name for _, w, _ in found.wired for p in w.values()})
-        record = plan.get("record") or {}
-        recorder = Recorder(found.directory, {n: _decoder(self.policies[n]) for n in policies},
-                            record=record.get("mode", "sample"),
-                            per_step=record.get("per_step", 8), seed=found.config.seed)
-        recorder.continue_from(found.rows)
-        recorder.add_event("resumed", found.event())
-        return self._start(found.config, found.wired, recorder, heldout, targets=found.targets,
-                           checkpoints=(plan["checkpoint_every"], plan["keep_checkpoints"]),
-                           position=found.position, time_offset=found.time, loggers=trackers)
-
-    def _start(self, config: RunConfig, wired, recorder: Recorder, heldout: HeldOut | None, *,
-               targets: Mapping[str, int], checkpoints: tuple[int, int],
-               position: Mapping[str, Any] | None = None, time_offset: float = 0.0,
-               loggers: Sequence[Tracker] = (), autoscale: Autoscaler | None = None) -> Run:
-        policies = sorted({p.name for _, wiring, _ in wired for p in wiring.values()})
-        scope_box: list[anyio.CancelScope] = []
-        final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
-        resume = {"targets": dict(targets), "checkpoints": checkpoints,
-                  "position": position or {}, "time_offset": time_offset,
-                  "autoscale": autoscale}
-        info = RunInfo.begin(recorder, config, wired,  # run.json: settings, then how it ended
-                             stopped=lambda: bool(scope_box) and scope_box[0].cancel_called)
-        trackers = None if not loggers else Trackers(
-            loggers, recorder, run_hyperparameters(config, wired, heldout),
-            {role: p.name for role, p in (heldout.wiring if heldout else {}).items()})
-        future = self._loop().start_task_soon(info.watch, self._run_main, config, wired,
-                                              recorder, scope_box, final, heldout, resume,
-                                              trackers)
-        if trackers is not None:  # a task that never started: let its trackers go
-            future.add_done_callback(lambda _: trackers.close(wait=False))
-        run = Run(config, recorder, future, lambda: self._cancel(scope_box), policies,
-                  lambda: dict(final) or self._loop().call(self._accounting), heldout)
-        run.session = self
-        self._runs.append(run)
-        return run
-
-    def _next_run_folder(self) -> Path:
-        """run-NNN after every run folder already here (from earlier Sessions too)."""
-        taken = [int(p.name[4:]) for p in self.directory.glob("run-*")
-                 if p.name[4:].isdigit()]
-        return self.directory / f"run-{max(taken, default=-1) + 1:03d}"
+        return resuming.resume(self, run, envs, loggers)
 
     @overload
     def evaluate(self, env: Environment | None = None, *, split: None = None, n: int = 128,
@@ -566,22 +467,15 @@ class Session:
             RuntimeWarning: the weights changed while the evaluation played (a run was
                 training), so its tokens come from more than one version.
         """
-        _positive("n", n, "the number of problems to play")
-        _positive("k", k, "plays per problem")
+        evaluating.positive("n", n, "the number of problems to play")
+        evaluating.positive("k", k, "plays per problem")
         if env is None:
-            env = _only_env(self._check_ready(), "env")
-        wiring = self._eval_wiring(env, list(self._wiring))
+            env = evaluating.only_env(running.check_ready(self), "env")
+        wiring = evaluating.eval_wiring(env, list(self._wiring))
         if split is None:
-            if k != 1:
-                raise ValueError(f"k={k} needs a split: pass split='test' (or 'train') to get "
-                                 "avg@k and pass@k, or leave k out for the mean reward")
-            samples = tuple(itertools.islice(env.samples(seed), n))
-            plays = self._loop().call(self._evaluate, env, wiring, samples, 1)
-            return _evaluation([p[0] for p in plays], env.roles)
-        samples = heldout_samples(env, split, n, seed)
-        plays = self._loop().call(self._evaluate, env, wiring, samples, k)
-        results = evaluate_trajectories(plays, env.roles, k, split, env.solved)
-        check_evaluation(plays, results)
+            return evaluating.mean_reward(self, env, wiring, n, k, seed)
+        plays, results = evaluating.on_split(self, env, wiring, split, n, k, seed)
+        check_evaluation(plays, results)  # called here: its warning names evaluate's caller
         return results
 
     @property
@@ -657,30 +551,7 @@ class Session:
 
     def _blocking_problems(self) -> list[str]:
         """What stops a run from starting, each with its fix (empty: ready to train)."""
-        if not self._wiring:
-            return ["nothing is wired; call session.wire(env, role=policy) first"]
-        problems = []
-        for env, wiring, _ in self._wiring:
-            missing = [r for r in env.roles if r not in wiring]
-            if missing:
-                hint = ", ".join(f"{r}=<policy>" for r in missing)
-                problems.append(f"role(s) {missing} of {env.name} are not wired; "
-                                f"call session.wire(env, {hint})")
-            for role, policy in wiring.items():
-                if self.policies.get(policy.name) is not policy:
-                    problems.append(f"role {role!r} of {env.name} is wired to policy "
-                                    f"{policy.name!r}, which is not in this session any more; "
-                                    "wire it to one of " + str(sorted(self.policies)))
-        return problems
-
-    def _check_ready(self) -> list[tuple[Environment, dict[str, Policy], float]]:
-        problems = self._blocking_problems()
-        if problems:
-            raise ValueError("; ".join(problems))
-        running = [r for r in self._runs if not r.done]
-        if running:
-            raise RuntimeError("a run is still going; await it or call run.stop() first")
-        return list(self._wiring)
+        return running.blocking_problems(self)
 
     def _run_on_loop(self, fn):
         return self._loop().call(fn)
@@ -695,168 +566,6 @@ class Session:
             track(self)
         return self._portal
 
-    def _cancel(self, scope_box: list[anyio.CancelScope]) -> None:
-        if scope_box and self._portal is not None:
-            self._portal.call(scope_box[0].cancel)
-
-    def _heldout(self, wired, env: Environment | None, split: str, n: int, k: int,
-                 every: int) -> HeldOut:
-        """What `train(eval_every=...)` evaluates, checked before the run starts."""
-        _positive("eval_every", every, "policy versions between two evaluation windows (e.g. "
-                  "eval_every=10), or None to train without evaluating")
-        _positive("eval_n", n, "the number of held-out problems per window")
-        _positive("eval_k", k, "plays per problem")
-        env = env if env is not None else _only_env(wired, "eval_env")
-        wiring = self._eval_wiring(env, wired)
-        samples = heldout_samples(env, split, n, 10_000, "eval_split")
-        return HeldOut(env, wiring, samples, k, every, split)
-
-    def _eval_wiring(self, env: Environment, wired) -> dict[str, Policy]:
-        """Role -> policy to evaluate `env` with: its own wiring, or (not wired) each role's
-        one policy among the wired environments, matched by role name."""
-        if not isinstance(env, Environment):
-            raise TypeError(f"expected an Environment to evaluate, got {env!r}")
-        for e, wiring, _ in wired:
-            if e is env:
-                return dict(wiring)
-        found: dict[str, dict[str, Policy]] = {role: {} for role in env.roles}
-        for _, wiring, _ in wired:
-            for role, policy in wiring.items():
-                if role in found:
-                    found[role][policy.name] = policy
-        unclear = {role: sorted(names) for role, names in found.items() if len(names) != 1}
-        if unclear:
-            wired_roles = sorted({role for _, wiring, _ in wired for role in wiring})
-            raise ValueError(
-                f"{env.name} is not wired, and its roles cannot be matched by name to one wired "
-                f"policy each ({unclear}: role -> policies found); evaluate a wired environment, "
-                f"or one whose roles are named like the wired ones ({wired_roles}) and filled by "
-                "one policy each")
-        return {role: next(iter(names.values())) for role, names in found.items()}
-
-    async def _run_main(self, config, wired, recorder: Recorder, scope_box, final,
-                        heldout: HeldOut | None, resume: Mapping[str, Any],
-                        trackers: Trackers | None = None) -> None:
-        drawn = list(resume["position"].get("drawn") or [])
-        sources = [Source(env, wiring, weight, config.seed, skip=drawn[i] if i < len(drawn) else 0)
-                   for i, (env, wiring, weight) in enumerate(wired)]
-        every, keep = resume["checkpoints"]
-        flow = self._flow = Dataflow(  # read by _accounting
-            sources, config, recorder, remote=self._pool, heldout=heldout,
-            targets=resume["targets"], time_offset=resume["time_offset"],
-            checkpoint=functools.partial(self._checkpoint, recorder.directory, keep),
-            checkpoint_every=every)
-        flow.orchestrator.restore_position(resume["position"])
-        if (heldout is not None and self._pool is not None
-                and all(heldout.env is not env for env, _, _ in wired)):
-            self._pool.register_env(heldout.env, heldout.wiring)  # the services play it too
-        failure: BaseException | None
-        try:
-            with anyio.CancelScope() as scope:
-                scope_box.append(scope)
-                scaler = resume.get("autoscale")
-                also = [] if scaler is None else [functools.partial(
-                    scaler.run, self._pool, lambda: recorder.rows, recorder.add_event)]
-                await self._flow.run(*also)
-        except BaseExceptionGroup as group:
-            failure = _root_cause(group)
-        else:
-            failure = None
-        finally:
-            final.update(self._accounting())
-            recorder.close()
-            if trackers is not None:  # after the recorder: they have every row; files complete
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(trackers.close)
-        if failure is not None:
-            # Raised here, outside the except block, so its __context__ is not the task group's
-            # ExceptionGroup: IPython prints a traceback that links to an exception group as a
-            # plain stderr stream instead of an error output, and nbclient/nbmake/papermill
-            # would then miss the failure.
-            raise failure
-
-    async def _checkpoint(self, directory: Path, keep: int, policy: Policy) -> None:
-        """Write a checkpoint of `policy` (called by its train loop between two steps)."""
-        flow = self._flow
-        state = {"policy": policy.name, "version": policy.version,
-                 "position": flow.orchestrator.position(),
-                 "time": anyio.current_time() - flow.loops[0].started}
-        root = directory / "checkpoints" / policy.name
-        trainer = policy.trainer
-        assert isinstance(trainer, Checkpointable)  # train() refuses checkpoints otherwise
-        await anyio.to_thread.run_sync(functools.partial(
-            write_checkpoint, root, policy.version, trainer.save, state, keep=keep))
-
-    def _accounting(self) -> dict[str, int]:
-        """The current run's episode accounting (called on the loop)."""
-        flow = getattr(self, "_flow", None)
-        counts = self._pool.accounting() if self._pool is not None else {}
-        return {**counts, "trained_twice": flow.trained_twice if flow is not None else 0}
-
-    async def _evaluate(self, env: Environment, wiring: Mapping[str, Policy],
-                        samples: Sequence[Mapping[str, Any]], k: int) -> list[list[Trajectory]]:
-        """Play each sample k times with the current weights, here or on the rollout services."""
-        version = min(p.version for p in wiring.values())
-        if self._pool is None:
-            return await play_heldout(env, wiring, samples, k, version=version)
-        pool = self._pool
-        pool.start_run([Source(env, wiring)])
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pool.run)
-            plays = await play_heldout(env, wiring, samples, k, remote=pool, version=version)
-            tg.cancel_scope.cancel()
-        return plays
-
-
-def _positive(name: str, value: Any, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer ({meaning}), got {value!r}")
-
-
-def _only_env(wired, argument: str) -> Environment:
-    """The one wired environment; with several, an error asking for `argument`."""
-    if len(wired) > 1:
-        names = [e.name for e, _, _ in wired]
-        raise ValueError(f"several environments are wired ({names}); pass {argument}= (the one "
-                         "to evaluate)")
-    return wired[0][0]
-
-
-def _evaluation(results: Sequence[Trajectory | None], roles: Sequence[str]) -> dict[str, float]:
-    """Mean reward per role over the episodes that finished, and how many failed (if any)."""
-    ok = [t for t in results if t is not None and t.ok]
-    if not ok:
-        first = next((t.error for t in results if t is not None), None)
-        raise RuntimeError(f"all {len(results)} evaluation episodes failed; first error:\n"
-                           f"{first}")
-    result = {r: sum(t.rewards[r] for t in ok) / len(ok) for r in roles}
-    if len(ok) < len(results):
-        result["failed_episodes"] = float(len(results) - len(ok))
-    return result
-
-
-def _root_cause(group: BaseExceptionGroup) -> BaseException:
-    """The error behind nested task-group failures (cancellations it caused left out). When
-    different kinds of error happened together: one RuntimeError naming each, with their
-    tracebacks in its message (not an exception group, which notebooks show poorly)."""
-    cancelled = anyio.get_cancelled_exc_class()
-    leaves = [e for e in _leaves(group) if not isinstance(e, cancelled)] or list(_leaves(group))
-    if len({type(e) for e in leaves}) == 1:
-        context = leaves[0].__context__
-        if context is not None and isinstance(context, BaseExceptionGroup):
-            leaves[0].__context__ = None
-        return leaves[0]
-    details = "\n".join("".join(traceback.format_exception(e)) for e in leaves)
-    return RuntimeError(f"{len(leaves)} errors at once in the run's background tasks:\n{details}")
-
-
-def _leaves(error: BaseException):
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield error
-
 
 def _default_trainer(device: str) -> str:
     chosen = os.environ.get("ASTRANB_TRAINER")
@@ -867,14 +576,3 @@ def _default_trainer(device: str) -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return "process" if str(device) == "cpu" and (cores or 1) >= 2 else "thread"
 
-
-def _decoder(policy: Policy):
-    """Prompt ids -> text for recorded episodes; the episodes of a group share their prompt, so
-    recent prompts are decoded once."""
-    tok = policy.tokenizer
-
-    @functools.lru_cache(maxsize=4096)
-    def decode(ids: tuple[int, ...]) -> str:
-        return tok.decode(list(ids), skip_special_tokens=False)
-
-    return lambda ids: decode(tuple(ids))

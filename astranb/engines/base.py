@@ -7,13 +7,34 @@ distribution, and the weight version of each token) and accepts weight updates w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
 from typing import Protocol, runtime_checkable
 
+import torch
+
 from ..contracts import Engine
 from ..types import Generation, GenerationRequest
+from ..weights import Mirror
 
-__all__ = ["RolloutEngine", "settle"]
+__all__ = ["MirroredWeights", "RolloutEngine", "settle"]
+
+
+class MirroredWeights:
+    """What an engine that keeps its published weights in a `weights.Mirror` (`self._mirror`)
+    says about them (the engines share this)."""
+
+    _mirror: Mirror
+
+    @property
+    def weights_checksum(self) -> int | None:
+        """Checksum of the weights as last published to this engine (None if none was)."""
+        return self._mirror.checksum
+
+    def published_weights(self) -> Mapping[str, torch.Tensor] | None:
+        """The weights exactly as last published (the payloads' names and dtype; None if
+        none were): what a relay encodes a full snapshot from. Do not modify them."""
+        return self._mirror.tensors
 
 
 def settle(future: Future, *, result=None, exc: BaseException | None = None) -> None:

@@ -37,7 +37,7 @@ from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
-from .base import settle
+from .base import MirroredWeights, settle
 
 __all__ = ["HFEngine", "EngineStats"]
 
@@ -65,7 +65,7 @@ class EngineStats:
     """Wall-clock seconds the worker spent working (applying updates, prefilling, decoding)."""
 
 
-class HFEngine:
+class HFEngine(MirroredWeights):
     """Continuous-batching rollout engine with in-flight weight updates.
 
     Args:
@@ -469,16 +469,6 @@ class HFEngine:
             for name, tensor in tensors.items():
                 self._targets[name].copy_(tensor)
         return header.kind
-
-    @property
-    def weights_checksum(self) -> int | None:
-        """Checksum of the weights as last published to this engine (None if none was)."""
-        return self._mirror.checksum
-
-    def published_weights(self):
-        """The weights exactly as last published (the payloads' names and dtype; None if
-        none were): what a relay encodes a full snapshot from. Do not modify them."""
-        return self._mirror.tensors
 
     def published_checksum(self) -> int:
         """Recompute the checksum from the model itself, cast to the published dtype (slow)."""

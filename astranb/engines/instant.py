@@ -15,11 +15,12 @@ from concurrent.futures import Future
 
 from .. import weights
 from ..types import Generation, GenerationRequest, WeightUpdate
+from .base import MirroredWeights
 
 __all__ = ["InstantEngine"]
 
 
-class InstantEngine:
+class InstantEngine(MirroredWeights):
     """A RolloutEngine with no model (see module docstring).
 
     Args:
@@ -43,15 +44,6 @@ class InstantEngine:
     @property
     def version(self) -> int:
         return self._version
-
-    @property
-    def weights_checksum(self) -> int | None:
-        return self._mirror.checksum
-
-    def published_weights(self):
-        """The weights exactly as last published (the payloads' names and dtype; None if
-        none were): what a relay encodes a full snapshot from. Do not modify them."""
-        return self._mirror.tensors
 
     def published_checksum(self) -> int:
         if self._mirror.tensors is None:

@@ -80,7 +80,7 @@ from ._sglang_wire import (
     _parse_stretch,
     _stretch_version,
 )
-from .base import settle
+from .base import MirroredWeights, settle
 
 __all__ = ["SGLangEngine", "SGLangError"]
 
@@ -90,7 +90,7 @@ _UPDATE_TIMEOUT = httpx.Timeout(1800.0, connect=10.0)
 SGLangError.__module__ = __name__  # defined with the wire format; its public home is here
 
 
-class SGLangEngine:
+class SGLangEngine(MirroredWeights):
     """Rollout engine backed by an SGLang server, launched here or attached to by URL.
 
     Args:
@@ -242,16 +242,6 @@ class SGLangEngine:
             return 0
         waiting = self._waiting if self._has_metrics else self._inflight
         return max(0, self.target_queue * self._dp_size - int(waiting))
-
-    @property
-    def weights_checksum(self) -> int | None:
-        """Checksum of the weights last published to this engine (None if none was)."""
-        return self._mirror.checksum
-
-    def published_weights(self):
-        """The weights exactly as last published (the payloads' names and dtype; None if
-        none were): what a relay encodes a full snapshot from. Do not modify them."""
-        return self._mirror.tensors
 
     def published_checksum(self) -> int:
         """Checksum of the weights file the server was last told to load, read back (slow)."""
