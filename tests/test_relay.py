@@ -167,7 +167,7 @@ def _wait_for(condition, timeout: float, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_remote_region_pulls_each_version_across_the_link_once_and_survives_its_relay(tmp_path):
-    steps, kill_after = 10, 4
+    steps, kill_after = 8, 3
     trainer = trainer_process(tmp_path, 1)
     trainer.start()
     link = Link(trainer.port)
