@@ -310,8 +310,6 @@ class RolloutService:
                 got = await deliver(lambda full: self._fetch(url, {} if full else have, headers),
                                     lambda payload: self._apply(slot, payload))
             payload, applied, _ = got
-            if slot.relay is not None:
-                slot.relay.received(payload, weights.peek(payload, verify=False))
             seconds = time.perf_counter() - started
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload),
                                             "seconds": seconds, "source": source,
@@ -390,8 +388,6 @@ class RolloutService:
             except weights.WeightTransferError as error:
                 raise HTTPException(409, f"{type(error).__name__}: {error}; "
                                          "send a full snapshot") from error
-            if slot.relay is not None:
-                slot.relay.received(payload, weights.peek(payload, verify=False))
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload)}
 
     async def _apply(self, slot: Slot, payload: bytes) -> dict:
@@ -400,9 +396,12 @@ class RolloutService:
         slot.updating = True
         try:
             update = WeightUpdate(slot.name, header.version, payload=payload)
-            return await asyncio.wrap_future(slot.engine.update_weights(update))
+            applied = await asyncio.wrap_future(slot.engine.update_weights(update))
         finally:
             slot.updating = False
+        if slot.relay is not None:  # the engine verified it: keep it for the region
+            slot.relay.received(payload, header)
+        return applied
 
     async def generate(self, body: GenerateIn) -> dict:
         slot = self._slot(body.policy)
