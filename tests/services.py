@@ -102,6 +102,23 @@ class Process:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
 
+def status(url: str, token: str | None = None) -> dict:
+    """A service's GET /v1/status (with the bearer token when given)."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    answer = httpx.get(f"{url}/v1/status", headers=headers, timeout=10)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    """Poll `condition` every 0.1 s until it is true; TimeoutError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout} s for {what}")
+        time.sleep(0.1)
+
+
 def _listening(port: int) -> bool:
     import socket
 

@@ -28,7 +28,7 @@ from astranb.services.ray_launch import (  # noqa: E402
 )
 
 from .envs import CountA, SlowCountA  # noqa: E402
-from .services import ROOT, TEST_ENVS  # noqa: E402
+from .services import ROOT, TEST_ENVS, status, wait_for  # noqa: E402
 
 # the services import the test environments from this checkout
 ENV_ARGS = [a for name, target in TEST_ENVS.items() for a in ("--environment", f"{name}={target}")]
@@ -43,21 +43,6 @@ def cluster():
         yield ray
     finally:
         ray.shutdown()
-
-
-def _status(url: str, token: str) -> dict:
-    answer = httpx.get(f"{url}/v1/status", headers={"authorization": f"Bearer {token}"},
-                       timeout=10)
-    answer.raise_for_status()
-    return answer.json()
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout} s for {what}")
-        time.sleep(0.1)
 
 
 def _answers(url: str) -> bool:
@@ -141,10 +126,10 @@ def test_two_rollout_services_and_a_trainer_on_ray_stay_in_sync(cluster, tmp_pat
             assert list(df["version"]) == [1, 2, 3]
             for _, row in df.iterrows():  # at every version both services hold the trainer's bits
                 assert row["rollout_checksums"].split(",") == [str(row["weights_checksum"])] * 2
-            expected = _status(services.trainer_url, services.token)["policies"]["solver"]
+            expected = status(services.trainer_url, services.token)["policies"]["solver"]
             assert expected["version"] == 3
             for url in services.rollout_urls:
-                held = _status(url, services.token)["policies"]["solver"]
+                held = status(url, services.token)["policies"]["solver"]
                 assert (held["version"], held["checksum"]) == (3, expected["checksum"])
             assert run.accounting["lost"] == 0 and run.accounting["trained_twice"] == 0
         checkpoints = Path(trainer_info["checkpoint_dir"])
@@ -153,19 +138,19 @@ def test_two_rollout_services_and_a_trainer_on_ray_stay_in_sync(cluster, tmp_pat
         assert ray.available_resources().get("CPU") == 1
         url = services.add_rollout()
         assert services.rollout_urls[2] == url and _answers(url)
-        assert _status(url, services.token)["region"] == "a"  # the first spec's --region
+        assert status(url, services.token)["region"] == "a"  # the first spec's --region
         assert [i["name"] for i in services.info()] == ["rollout-0", "rollout-1", "rollout-2",
                                                          "trainer"]
         gone = services.rollout_urls[0]
         services.remove_rollout(gone)
         assert services.rollout_urls[1] == url and not _answers(gone)
-        _wait_for(lambda: ray.available_resources().get("CPU") == 1, 30, "its CPU freed")
+        wait_for(lambda: ray.available_resources().get("CPU") == 1, 30, "its CPU freed")
         with pytest.raises(ValueError, match="no rollout service at http://nowhere"):
             services.remove_rollout("http://nowhere")
         urls = [*services.rollout_urls, services.trainer_url]
     assert not any(_answers(url) for url in urls)  # shut down with the `with` block
     assert not checkpoints.exists()  # the default (scratch) checkpoint folder is removed
-    _wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
+    wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
 
 
 @pytest.mark.slow
@@ -180,14 +165,14 @@ def test_a_killed_rollout_actor_is_restarted_by_ray_and_rejoins(cluster, tmp_pat
             env.registry_kwargs = {"delay": 0.4}  # the services build it with these
             session.wire(env, solver=policy)
             run = session.train(steps=1000, batch_size=16, group_size=4, max_staleness=1)
-            _wait_for(lambda: len(run.metrics) >= 2, 120, "two steps")
+            wait_for(lambda: len(run.metrics) >= 2, 120, "two steps")
             ray.kill(services.rollout_actors[0], no_restart=False)  # as if it had crashed
-            _wait_for(lambda: session.rollout_services[r0] != "ready", 60, "the pool to notice")
-            _wait_for(lambda: session.rollout_services[r0] == "ready", 120, "the rejoin")
+            wait_for(lambda: session.rollout_services[r0] != "ready", 60, "the pool to notice")
+            wait_for(lambda: session.rollout_services[r0] == "ready", 120, "the rejoin")
             info = services.info()[0]
             assert info["starts"] == 2 and info["url"] == r0  # same node, same port, same URL
             rejoined = len(run.metrics)
-            _wait_for(lambda: len(run.metrics) >= rejoined + 4, 120, "four more steps")
+            wait_for(lambda: len(run.metrics) >= rejoined + 4, 120, "four more steps")
             run.stop()
             run.wait(progress=False)
             books = run.accounting
@@ -211,10 +196,10 @@ def test_a_killed_trainer_actor_comes_back_from_its_checkpoint(cluster, tmp_path
             policy = session.policy("solver", ab.models.tiny())
             session.wire(CountA(), solver=policy)
             run = session.train(steps=steps, batch_size=16, group_size=4, max_staleness=1)
-            _wait_for(lambda: len(run.metrics) >= 3, 120, "three steps")
+            wait_for(lambda: len(run.metrics) >= 3, 120, "three steps")
             killed_at = policy.version
             ray.kill(services.trainer_actor, no_restart=False)
-            _wait_for(lambda: services.info()[-1].get("starts") == 2, 120, "the trainer restarted")
+            wait_for(lambda: services.info()[-1].get("starts") == 2, 120, "the trainer restarted")
             run.wait(progress=False)
             info = services.info()[-1]
             assert info["starts"] == 2 and info["url"] == services.trainer_url, info
@@ -226,8 +211,8 @@ def test_a_killed_trainer_actor_comes_back_from_its_checkpoint(cluster, tmp_path
                 assert version % 2 == 0 and killed_at - 2 <= version < steps, (version, killed_at)
             assert policy.version == steps
             assert (df["token_version_max"] <= df["step"]).all()  # no token from lost weights
-            expected = _status(services.trainer_url, services.token)["policies"]["solver"]
-            held = _status(services.rollout_urls[0], services.token)["policies"]["solver"]
+            expected = status(services.trainer_url, services.token)["policies"]["solver"]
+            held = status(services.rollout_urls[0], services.token)["policies"]["solver"]
             assert (held["version"], held["checksum"]) == (steps, expected["checksum"])
             assert run.accounting["lost"] == 0 and run.accounting["trained_twice"] == 0
 
@@ -238,7 +223,7 @@ def test_a_service_that_cannot_start_is_reported_with_its_log(cluster):
                                              r"--environment 'nonsense': write NAME=module:Class"):
         launch_ray(rollout=[{"args": ["--environment", "nonsense"]}], timeout=120)
     assert time.monotonic() - started < 90
-    _wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
+    wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
 
 
 def test_an_address_is_not_silently_ignored_when_connected_already(cluster):

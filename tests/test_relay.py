@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from astranb import weights
 from astranb.weights.relay import NotHeld, RelayCache
 from astranb.weights.store import WeightStore
 from tests.envs import CountA
-from tests.services import processes, rollout_process, trainer_process
+from tests.services import processes, rollout_process, trainer_process, wait_for
 
 # -- what a relay serves (pure) -------------------------------------------------------------------
 
@@ -156,14 +155,6 @@ def _full_size(trainer_url: str) -> int:
     return len(httpx.get(f"{trainer_url}/v1/weights/solver", timeout=30).content)
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_remote_region_pulls_each_version_across_the_link_once_and_survives_its_relay(tmp_path):
@@ -184,7 +175,7 @@ def test_a_remote_region_pulls_each_version_across_the_link_once_and_survives_it
                 assert _full_size(trainer.url) <= at_start <= 1.1 * _full_size(trainer.url)
                 first_relay = session.relays["remote"]
                 run = session.train(steps=steps, batch_size=16, group_size=4, max_staleness=1)
-                _wait_for(lambda: len(run.metrics) >= kill_after or run.done, 300, "four steps")
+                wait_for(lambda: len(run.metrics) >= kill_after or run.done, 300, "four steps")
                 before_kill = len(run.metrics)
                 next(s for s in services if s.url == first_relay).kill()  # kill -9 the relay
                 run.wait(progress=False)

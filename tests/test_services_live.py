@@ -3,37 +3,21 @@ processes under torchrun), driven by a Session; kill -9 and restarts; a schema-d
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import pytest
 
 import astranb as ab
 
 from .envs import CountA, SlowCountA
-from .services import processes, rollout_process, trainer_process
+from .services import processes, rollout_process, status, trainer_process, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def _status(url: str, token: str | None = None) -> dict:
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    return httpx.get(f"{url}/v1/status", headers=headers, timeout=10).json()
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout} s for {what}")
-        time.sleep(0.1)
 
 
 def test_two_rollout_services_and_an_fsdp_trainer_stay_in_sync(tmp_path):
     r0, r1 = rollout_process(tmp_path, "r0"), rollout_process(tmp_path, "r1")
     trainer = trainer_process(tmp_path, 2)
     with processes(r0, r1, trainer):
-        assert _status(trainer.url)["world_size"] == 2
+        assert status(trainer.url)["world_size"] == 2
         with ab.Session(tmp_path / "runs", rollout=[r0.url, r1.url],
                         trainer=trainer.url) as session:
             policy = session.policy("solver", ab.models.tiny(), optimizer=ab.AdamWConfig(lr=3e-3))
@@ -44,10 +28,10 @@ def test_two_rollout_services_and_an_fsdp_trainer_stay_in_sync(tmp_path):
             assert list(df["version"]) == [1, 2, 3]
             for _, row in df.iterrows():  # at every version both services hold the trainer's bits
                 assert row["rollout_checksums"].split(",") == [str(row["weights_checksum"])] * 2
-            expected = _status(trainer.url)["policies"]["solver"]
+            expected = status(trainer.url)["policies"]["solver"]
             assert expected["version"] == 3
             for service in (r0, r1):
-                held = _status(service.url)["policies"]["solver"]
+                held = status(service.url)["policies"]["solver"]
                 assert (held["version"], held["checksum"]) == (3, expected["checksum"])
             assert set(df["transfer_kind"]) <= {"delta", "full"}
             assert run.accounting["lost"] == 0 and run.accounting["trained_twice"] == 0
@@ -63,18 +47,18 @@ def test_kill_9_a_rollout_service_then_restart_it(tmp_path):
             env.registry_kwargs = {"delay": 0.4}  # the services build it with these
             session.wire(env, solver=policy)
             run = session.train(steps=40, batch_size=16, group_size=4, max_staleness=1)
-            _wait_for(lambda: len(run.metrics) >= 2, 120, "two steps")
+            wait_for(lambda: len(run.metrics) >= 2, 120, "two steps")
             r0.kill()  # SIGKILL: in-flight episodes on r0 are gone
-            _wait_for(lambda: session.rollout_services[r0.url] == "dead", 30, "r0 declared dead")
+            wait_for(lambda: session.rollout_services[r0.url] == "dead", 30, "r0 declared dead")
             r0.start()  # same port, new instance: it must catch up before it gets work
-            _wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done, 120,
+            wait_for(lambda: session.rollout_services[r0.url] == "ready" or run.done, 120,
                       "rejoin")
             assert not run.done, "the run ended before r0 came back; lengthen it"
             run.wait(progress=False)
             books = run.accounting
             assert books["lost"] == 0 and books["trained_twice"] == 0
             assert books["resubmitted"] >= 1 and books["rejoins"] >= 1
-            held = _status(r0.url)["policies"]["solver"]
+            held = status(r0.url)["policies"]["solver"]
             assert (held["version"], held["checksum"]) == (policy.version, policy.weights_checksum)
             assert run.metrics["staleness_max"].max() <= 1
 
@@ -89,7 +73,7 @@ def test_kill_9_the_trainer_then_restart_it_from_its_checkpoint(tmp_path):
             policy = session.policy("solver", ab.models.tiny())
             session.wire(CountA(), solver=policy)
             run = session.train(steps=8, batch_size=16, group_size=4, max_staleness=1)
-            _wait_for(lambda: len(run.metrics) >= 3, 180, "three steps")
+            wait_for(lambda: len(run.metrics) >= 3, 180, "three steps")
             trainer.kill()
             killed_at = policy.version
             trainer.start()  # same port and checkpoint dir: recovers the last checkpoint
@@ -103,7 +87,7 @@ def test_kill_9_the_trainer_then_restart_it_from_its_checkpoint(tmp_path):
             assert policy.version == 8  # the run trains on to its target after the restart
             assert df["staleness_max"].max() <= 1  # the bound held across the restart
             assert (df["token_version_max"] <= df["step"]).all()  # no token from lost weights
-            status = _status(trainer.url)["policies"]["solver"]
-            held = _status(rollout.url)["policies"]["solver"]
-            assert status["version"] == policy.version == held["version"]
-            assert status["checksum"] == held["checksum"]
+            expected = status(trainer.url)["policies"]["solver"]
+            held = status(rollout.url)["policies"]["solver"]
+            assert expected["version"] == policy.version == held["version"]
+            assert expected["checksum"] == held["checksum"]
