@@ -261,13 +261,16 @@ def test_a_full_or_read_only_disk_stops_the_run_with_a_clear_error(tmp_path, fau
         run_dir = disk / "runs" / "run-000"
         _wait_for_rows(run_dir, 5, proc)
         if fault == "full":
-            with open(disk / "filler", "wb") as f:  # fill the disk to its last byte
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
+            # fill the disk to its last byte, unbuffered: a buffered file would raise again
+            # on close, flushing what did not fit
+            fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+            try:
+                while os.write(fd, b"\0" * 65536):
                     pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         else:
             # the open metrics file keeps a whole-disk remount busy: the checkpoints' folder,
             # where the next write goes, becomes a read-only bind mount of itself
