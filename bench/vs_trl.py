@@ -189,21 +189,38 @@ def arithmetic_env(task: Task):
 
 def run_astranb(task: Task, staleness: int, seed: int, model_dir: Path, cap: float,
                 workdir: Path) -> list[dict]:
-    """One astranb run, stopped by `finished`; its rows."""
+    """One astranb run, stopped by `finished`; its rows.
+
+    The stop rule is checked on each metrics row as it is recorded (`run.on_event`), as TRL's
+    side checks it in a step callback: polling `run.metrics` from this thread would build a
+    DataFrame of every row twice a second, on the same GIL as the engine and the event loop."""
+    import threading
+
     import astranb as ab
 
     with ab.Session(workdir) as session:
         policy = session.policy("solver", model=ab.models.local(model_dir), algorithm=ab.GRPO(),
                                 optimizer=ab.AdamWConfig(lr=LR), max_batch_size=BATCH, seed=seed)
         session.wire(arithmetic_env(task), solver=policy)
+        rows: list[dict] = []
+        reached = threading.Event()
+
+        def on_row(kind: str, row) -> None:
+            if kind == "metrics":
+                count = int(row.get("episodes_since_step") or 0)
+                rows.append({"time": float(row["time"]), "count": count,
+                             "reward": float(row["reward"]) if count else 0.0})
+                if finished(rows, cap):
+                    reached.set()
+
         started = time.monotonic()
         run = session.train(steps=1_000_000, batch_size=BATCH, group_size=GROUP_SIZE,
                             max_staleness=staleness, seed=seed)
-        while not run.done:
-            time.sleep(0.5)
-            rows = _astranb_rows(run.metrics)
-            if finished(rows, cap) or time.monotonic() - started > cap + 60:
-                run.stop()
+        run.on_event(on_row)
+        while not run.done and not reached.wait(0.5):
+            if time.monotonic() - started > cap + 60:
+                break
+        run.stop()
         run.wait(progress=False)
         return _astranb_rows(run.metrics)
 

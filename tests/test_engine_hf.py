@@ -348,3 +348,44 @@ def test_first_token_from_the_prefill_matches_a_decode_step_and_saves_one(monkey
     assert fast[-1].completion_ids and len(fast[-1].completion_ids) == 1  # done at admission
     assert fast_stats.tokens_generated == slow_stats.tokens_generated == 3 * 5 + 1
     assert fast_stats.steps < slow_stats.steps
+
+
+@pytest.mark.parametrize("spec", [models.tiny(), models.tiny_chat()], ids=["tiny", "tiny_chat"])
+def test_completion_text_is_what_the_tokenizers_decode_gives(spec):
+    """The engine's cached, backend-direct decode against transformers' own `decode`, over
+    random ids with special tokens mixed in, each asked twice (the second from the cache)."""
+    from astranb.engines.hf import _TextCache
+
+    tokenizer = spec.tokenizer()
+    texts = _TextCache(tokenizer, limit=50)
+    assert texts._backend is not None  # the fast path is the one tested
+    generator = torch.Generator().manual_seed(0)
+    special = list(tokenizer.all_special_ids)
+    for n in range(120):
+        ids = torch.randint(0, len(tokenizer), (1 + n % 7,), generator=generator).tolist()
+        ids = tuple(ids + special[: n % 3])
+        expected = tokenizer.decode(list(ids), skip_special_tokens=True)
+        assert texts(ids) == expected and texts(ids) == expected
+    assert len(texts._texts) <= 50
+
+    class Cleaning(type(tokenizer)):  # a subclass with its own decode takes the slow path
+        def _decode(self, *args, **kwargs):
+            return "cleaned " + super()._decode(*args, **kwargs)
+
+    tokenizer.__class__ = Cleaning
+    try:
+        assert _TextCache(tokenizer)((special[0],) if special else (1,)).startswith("cleaned")
+    finally:
+        tokenizer.__class__ = Cleaning.__mro__[1]
+
+
+def test_a_bad_prompt_is_refused_even_after_good_ones_were_cached():
+    engine = HFEngine(SPEC, max_batch_size=4)
+    try:
+        good = _request(3, 1)
+        engine.generate_many([good, good])
+        for bad in [(1, 10_000), (1, -1)]:
+            with pytest.raises(ValueError, match="prompt_ids must be ints"):
+                engine.generate_many([GenerationRequest(prompt_ids=bad, sampling=good.sampling)])
+    finally:
+        engine.close()
