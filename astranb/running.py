@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ._heap import hold_frozen
 from .checkpoint import write_checkpoint
 from .contracts import Checkpointable
 from .dataflow.config import RunConfig
@@ -97,9 +98,15 @@ def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
     trackers = None if not loggers else Trackers(
         loggers, recorder, run_hyperparameters(config, wired, heldout),
         {role: p.name for role, p in (heldout.wiring if heldout else {}).items()})
-    future = session._loop().start_task_soon(info.watch, run_main, session, config, wired,
-                                             recorder, scope_box, final, heldout, resume,
-                                             trackers)
+    release_heap = hold_frozen()  # full GC passes walk only what the run makes
+    try:
+        future = session._loop().start_task_soon(info.watch, run_main, session, config, wired,
+                                                 recorder, scope_box, final, heldout, resume,
+                                                 trackers, release_heap)
+    except BaseException:
+        release_heap()
+        raise
+    future.add_done_callback(lambda _: release_heap())  # a task cancelled before it began
     if trackers is not None:  # a task that never started: let its trackers go
         future.add_done_callback(lambda _: trackers.close(wait=False))
     run = Run(config, recorder, future, lambda: _cancel(session, scope_box), policies,
@@ -117,7 +124,8 @@ def _cancel(session: Session, scope_box: list[anyio.CancelScope]) -> None:
 async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
                    scope_box: list[anyio.CancelScope], final: dict[str, int],
                    heldout: HeldOut | None, resume: Mapping[str, Any],
-                   trackers: Trackers | None = None) -> None:
+                   trackers: Trackers | None = None,
+                   release_heap: Callable[[], None] = lambda: None) -> None:
     """The run's task: the Dataflow until it ends, then the accounting, recorder, trackers."""
     flow = _flow(session, config, wired, recorder, heldout, resume)
     pool = session._pool
@@ -137,6 +145,7 @@ async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: 
     else:
         failure = None
     finally:
+        release_heap()
         final.update(accounting(session))
         recorder.close()
         if trackers is not None:  # after the recorder: they have every row; files complete

@@ -64,6 +64,11 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 VOCAB = (PAD, EOS, UNK, *"0123456789+= ")
 GROUPS, GROUP_SIZE, LR = 16, 8, 3e-4
 BATCH = GROUPS * GROUP_SIZE
+ENGINE_BATCH = 2 * BATCH
+"""Most sequences astranb's engine decodes at once (`max_batch_size`). Not the training batch:
+with the group filter a step plays ~200 episodes, and while the trainer works on one batch the
+engine already plays the next; a wider decode batch spends its per-step Python once for more of
+them (TRL generates each step's 128 completions in one `generate` call)."""
 TARGETS = (0.5, 0.9)
 WINDOW = 1280
 """Episodes the reward is averaged over (10 steps of TRL's 128)."""
@@ -200,7 +205,8 @@ def run_astranb(task: Task, staleness: int, seed: int, model_dir: Path, cap: flo
 
     with ab.Session(workdir) as session:
         policy = session.policy("solver", model=ab.models.local(model_dir), algorithm=ab.GRPO(),
-                                optimizer=ab.AdamWConfig(lr=LR), max_batch_size=BATCH, seed=seed)
+                                optimizer=ab.AdamWConfig(lr=LR), max_batch_size=ENGINE_BATCH,
+                                seed=seed)
         session.wire(arithmetic_env(task), solver=policy)
         rows: list[dict] = []
         reached = threading.Event()
@@ -447,7 +453,8 @@ def _setup_text(results: dict, load: tuple, seconds: float) -> list[str]:
     return [
         f"astranb {ab.__version__} (transformers {transformers.__version__}, torch "
         f"{torch.__version__}; Session defaults: the trainer in a child process "
-        f"(trainer='process'), the engine in a thread of the notebook's process, "
+        f"(trainer='process'), the engine in a thread of the notebook's process "
+        f"(max_batch_size={ENGINE_BATCH}), "
         f"{max(1, (os.cpu_count() or 2) // 2)} torch thread(s) each); {trl}. "
         f"{os.cpu_count()} CPU cores shared with other work: load average {load[0]:.2f} "
         f"before the benchmark, {loads[0]:.1f} to {loads[-1]:.1f} at the ends of runs. Whole "

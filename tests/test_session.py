@@ -299,3 +299,29 @@ def test_evaluate_counts_failed_episodes_and_refuses_when_all_fail(tmp_path):
     with session, pytest.raises(RuntimeError, match="all 4 evaluation episodes failed") as error:
         session.evaluate(n=4)
     assert "broken reward function" in str(error.value)
+
+
+def test_the_heap_is_frozen_while_a_run_trains_and_given_back_after(tmp_path):
+    """Full GC passes walk only what runs make (astranb/_heap.py): frozen from the first run's
+    start to the last one's end, nested holds counted, a release taken once."""
+    import gc
+
+    from astranb._heap import hold_frozen
+
+    assert gc.get_freeze_count() == 0
+    first, second = hold_frozen(), hold_frozen()
+    assert gc.get_freeze_count() > 0
+    first()
+    first()  # a second call does nothing
+    assert gc.get_freeze_count() > 0
+    second()
+    assert gc.get_freeze_count() == 0
+
+    session, policy = make_session(tmp_path)
+    seen: list[int] = []
+    step = policy.trainer.step
+    policy.trainer.step = lambda batch: (seen.append(gc.get_freeze_count()), step(batch))[1]
+    with session:
+        session.train(steps=3, batch_size=8, group_size=4).wait(progress=False)
+        assert len(seen) == 3 and min(seen) > 0
+        assert gc.get_freeze_count() == 0

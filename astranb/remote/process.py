@@ -26,6 +26,7 @@ never the event loop (the train loop calls from a worker thread).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import struct
@@ -332,6 +333,10 @@ class _Child:
         self.store = WeightStore(header["name"], full_every=int(header["full_every"]),
                                  deltas=bool(header.get("deltas", False)))
         self._publish()
+        # what exists now lives as long as this process: full GC passes need not walk it
+        # (see astranb/_heap.py; here for the process's life, nothing to give back)
+        gc.collect()
+        gc.freeze()
         return {"version": self.trainer.version, "checksum": self.store.checksum}, b""
 
     def step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
