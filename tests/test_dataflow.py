@@ -87,6 +87,22 @@ def test_buffer_drops_groups_too_stale_at_pop():
     assert anyio.run(main) == ([1, 2], [0])
 
 
+def test_a_pop_cancelled_while_waiting_puts_back_what_it_took():
+    """The train loop collects the next batch ahead and may cancel that (a rollback, a stop):
+    groups taken so far return to the buffer, in their order."""
+    async def main():
+        buf = Buffer("p", "edf")
+        buf.put(group(0, [(2,), (2,)]))
+        buf.put(group(1, [(1,), (3,)]))
+        with anyio.move_on_after(0.05):
+            await buf.pop(3, version=3, max_staleness=5)  # 2 of 3: waits for a third
+        assert len(buf) == 2
+        buf.put(group(2, [(3,), (3,)]))
+        return [g.id for g in await buf.pop(3, version=3, max_staleness=5)]
+
+    assert anyio.run(main) == [1, 0, 2]
+
+
 def test_has_signal_filters_groups_with_equal_rewards():
     assert has_signal_for(group(0, [(0,), (0,)], [1.0, 0.0]), "p")
     assert not has_signal_for(group(0, [(0,), (0,)], [1.0, 1.0]), "p")

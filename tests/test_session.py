@@ -325,3 +325,39 @@ def test_the_heap_is_frozen_while_a_run_trains_and_given_back_after(tmp_path):
         session.train(steps=3, batch_size=8, group_size=4).wait(progress=False)
         assert len(seen) == 3 and min(seen) > 0
         assert gc.get_freeze_count() == 0
+
+
+def test_the_next_batch_is_collected_and_encoded_while_a_step_trains(tmp_path):
+    """With the trainer in a child process, batch v+1 is popped, collated and encoded while
+    step v runs in the child, and trains unchanged (the very object prepared) at step v+1;
+    the staleness bound holds for the version it trains at."""
+    session = ab.Session(tmp_path / "runs", trainer="process")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                            max_batch_size=32)
+    session.wire(CountA(), solver=policy)
+    trainer = policy.trainer
+    spans: list[tuple[float, float]] = []
+    prepared: list[tuple[float, int]] = []
+    step, prepare = trainer.step, trainer.prepare
+
+    def slow_step(batch):
+        start = time.monotonic()
+        time.sleep(0.15)
+        metrics = step(batch)
+        spans.append((start, time.monotonic()))
+        return metrics
+
+    def recording_prepare(batch):
+        prepared.append((time.monotonic(), id(batch)))
+        prepare(batch)
+
+    trainer.step, trainer.prepare = slow_step, recording_prepare
+    with session:
+        run = session.train(steps=6, batch_size=8, group_size=4,
+                            max_staleness=1).wait(progress=False)
+    assert run.accounting["trained_twice"] == 0
+    assert (run.metrics["staleness_max"] <= 1).all()
+    assert len(spans) == 6 and len(prepared) == 6
+    # batches 2..6 were prepared while the step before them was in the child
+    ahead = [any(s <= t <= e for s, e in spans[:i]) for i, (t, _) in enumerate(prepared)]
+    assert ahead[1:] == [True] * 5, (spans, prepared)

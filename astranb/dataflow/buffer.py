@@ -83,15 +83,20 @@ class Buffer:
         on the gate.
         """
         batch: list[Group] = []
-        while len(batch) < n:
-            if not self._heap:
-                await self._added.wait()
-                continue
-            _, _, group = heapq.heappop(self._heap)
-            if version - group.min_version(self.policy) > max_staleness:
-                on_drop(group)
-            else:
-                batch.append(group)
+        try:
+            while len(batch) < n:
+                if not self._heap:
+                    await self._added.wait()
+                    continue
+                _, _, group = heapq.heappop(self._heap)
+                if version - group.min_version(self.policy) > max_staleness:
+                    on_drop(group)
+                else:
+                    batch.append(group)
+        except BaseException:  # cancelled while waiting: what was taken goes back
+            for group in batch:
+                self.put(group)
+            raise
         return batch
 
     def drain(self) -> list[Group]:

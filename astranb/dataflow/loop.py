@@ -3,7 +3,9 @@
 The heavy step runs in a worker thread, so the event loop keeps serving rollouts meanwhile: with
 `max_staleness >= 1` the engine keeps generating for later versions while a step runs. Groups in
 the batch stay "live" for the staleness gate until the new weights are published, which is what
-makes `max_staleness=0` fully synchronous.
+makes `max_staleness=0` fully synchronous. With the trainer in a child process the next batch
+is popped, collated and encoded while a step trains (`_collect_next`), so the child goes from one
+step to the next with only the pipe in between.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class TrainLoop:
         self.published = self.policy.version
         # the previous step's publish, when it overlaps this step
         self._publishing: asyncio.Future[dict[str, Any]] | None = None
+        # the next step's batch, collected while this one trains (see `_collect_next`)
+        self._next: asyncio.Future[tuple[list[Group], Batch]] | None = None
 
     async def run(self) -> None:
         try:
@@ -76,6 +80,9 @@ class TrainLoop:
             if self._publishing is not None:  # cancelled or failed meanwhile
                 self._publishing.cancel()
                 self._publishing = None
+            if self._next is not None:
+                self._next.cancel()
+                self._next = None
         # done: stop holding back the other policies' rollouts (their groups may include ours)
         self.gate.retire(self.policy.name)
         self._release(self.buffer.drain())
@@ -89,12 +96,14 @@ class TrainLoop:
                 await self.barrier.wait(version)
             finally:
                 self.gate.set_waiting(policy.name, False)
-        groups = await self.buffer.pop(
-            self.groups_per_batch, version, self.max_staleness, on_drop=self._drop
-        )
-        batch = build_batch(groups, policy.name, policy.algorithm, _pad_id(policy))
+        collected, self._next = self._next, None
+        if collected is not None:  # popped while the previous step trained
+            groups, batch = await collected
+        else:
+            groups, batch = await self._collect(version)
         tokens_before = self.counters.rollout_tokens
         t_step = anyio.current_time()
+        self._collect_next(version + 1)
         try:
             metrics = await policy.train_step(batch)
         except TrainerRolledBack as rollback:
@@ -123,6 +132,46 @@ class TrainLoop:
             return {"policy": policy.name, "step": version, "version": version + 1}
         return await publish()
 
+    async def _collect(self, version: int) -> tuple[list[Group], Batch]:
+        """The batch to train at `version`: fresh groups popped from the buffer, collated (and
+        encoded for the trainer, when it takes batches prepared ahead)."""
+        policy = self.policy
+        groups = await self.buffer.pop(
+            self.groups_per_batch, version, self.max_staleness, on_drop=self._drop
+        )
+        try:
+            batch = build_batch(groups, policy.name, policy.algorithm, _pad_id(policy))
+            prepare = getattr(getattr(policy, "trainer", None), "prepare", None)
+            if prepare is not None:
+                await anyio.to_thread.run_sync(prepare, batch)
+        except BaseException:  # cancelled (or failed) before training: the groups go back
+            for group in groups:
+                self.buffer.put(group)
+            raise
+        return groups, batch
+
+    def _collect_next(self, version: int) -> None:
+        """Start collecting the batch of `version` while the current step trains.
+
+        With the trainer in a child process (a publisher that `overlaps_next_step`), the time
+        between two steps is the trainer's idle time: popping, collating and encoding the next
+        batch beforehand leaves only the pipe in between. The staleness bound is checked for
+        the version the batch will train at, exactly as a pop at that step would; the groups
+        stay live for the gate until their own step is published. Not done with a barrier
+        (the next step waits for the other policies first) or past the last step."""
+        publisher = getattr(self.policy, "publisher", None)
+        if (version >= self.steps or self.barrier is not None
+                or not getattr(publisher, "overlaps_next_step", False)):
+            return
+        self._next = asyncio.ensure_future(self._collect(version))
+
+    async def _forget_next(self) -> None:
+        """Cancel a batch being collected ahead; its groups go back to the buffer."""
+        collecting, self._next = self._next, None
+        if collecting is not None:
+            collecting.cancel()
+            await asyncio.wait([collecting])  # its groups are back once it has ended
+
     def _checkpoint_due(self) -> bool:
         return (self.checkpoint is not None and self.checkpoint_every > 0
                 and self.policy.version % self.checkpoint_every == 0)
@@ -147,6 +196,7 @@ class TrainLoop:
         back to the recovered version before rollouts go on, so the staleness bound keeps
         meaning versions that exist.
         """
+        await self._forget_next()  # collected for weights that are gone: dropped below
         transfer = await self.policy.publish()  # services back on the recovered weights first
         self.published = self.policy.version
         if self.remote is not None:

@@ -129,6 +129,7 @@ class ProcessTrainer:
         self.log = Path(log) if log is not None else None
         self._lock = threading.Lock()
         self._closed = False
+        self._prepared: tuple[Batch, bytes] | None = None  # (batch, its encoding): `prepare`
         out: Any = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self._proc = subprocess.Popen(
@@ -155,7 +156,9 @@ class ProcessTrainer:
         The reply also brings the new weights as a full snapshot (`snapshot`), so publishing
         them needs no further call: the next step may start at once."""
         start = time.perf_counter()
-        answer, payload = self._call({"op": "step"}, batch_to_bytes(batch))
+        prepared, self._prepared = self._prepared, None
+        body = prepared[1] if prepared is not None and prepared[0] is batch else None
+        answer, payload = self._call({"op": "step"}, body or batch_to_bytes(batch))
         self.version = int(answer["version"])
         self.checksum = answer["checksum"]
         self.snapshot = (self.version, payload, PublishStats(**answer["stats"]))
@@ -163,6 +166,11 @@ class ProcessTrainer:
         metrics["trainer_seconds"] = answer["seconds"]
         metrics["trainer_call_seconds"] = time.perf_counter() - start
         return metrics
+
+    def prepare(self, batch: Batch) -> None:
+        """Encode `batch` for the pipe now (the train loop calls this while the previous step
+        trains); the `step` that gets this very batch sends it as it is."""
+        self._prepared = (batch, batch_to_bytes(batch))
 
     def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
         """One supervised step in the child (see LocalTrainer.sft_step), on every core: nothing
