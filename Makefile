@@ -60,7 +60,7 @@ browser:
 
 # The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # Everything but the tests marked slow (live services, FSDP, the browser, notebooks).
 test-fast: setup
