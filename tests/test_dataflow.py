@@ -102,6 +102,16 @@ def test_a_pop_cancelled_while_waiting_puts_back_what_it_took():
 
     assert anyio.run(main) == [1, 0, 2]
 
+    async def fifo():
+        buf = Buffer("p", "fifo")
+        buf.put(group(0, [(2,), (2,)]))
+        with anyio.move_on_after(0.05):
+            await buf.pop(2, version=3, max_staleness=5)
+        buf.put(group(1, [(1,), (3,)]))
+        return [g.id for g in await buf.pop(2, version=3, max_staleness=5)]
+
+    assert anyio.run(fifo) == [0, 1]  # back in arrival order, ahead of a later arrival
+
 
 def test_has_signal_filters_groups_with_equal_rewards():
     assert has_signal_for(group(0, [(0,), (0,)], [1.0, 0.0]), "p")

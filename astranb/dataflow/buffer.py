@@ -82,22 +82,22 @@ class Buffer:
         admission must be released right away, or a full gate could wait on a pop that waits
         on the gate.
         """
-        batch: list[Group] = []
+        taken: list[tuple[int, int, Group]] = []
         try:
-            while len(batch) < n:
+            while len(taken) < n:
                 if not self._heap:
                     await self._added.wait()
                     continue
-                _, _, group = heapq.heappop(self._heap)
-                if version - group.min_version(self.policy) > max_staleness:
-                    on_drop(group)
+                entry = heapq.heappop(self._heap)
+                if version - entry[2].min_version(self.policy) > max_staleness:
+                    on_drop(entry[2])
                 else:
-                    batch.append(group)
-        except BaseException:  # cancelled while waiting: what was taken goes back
-            for group in batch:
-                self.put(group)
+                    taken.append(entry)
+        except BaseException:  # cancelled while waiting: what was taken goes back, in place
+            for entry in taken:
+                heapq.heappush(self._heap, entry)
             raise
-        return batch
+        return [group for _, _, group in taken]
 
     def drain(self) -> list[Group]:
         """Remove and return every waiting group."""
