@@ -354,10 +354,10 @@ def test_first_token_from_the_prefill_matches_a_decode_step_and_saves_one(monkey
 def test_completion_text_is_what_the_tokenizers_decode_gives(spec):
     """The engine's cached, backend-direct decode against transformers' own `decode`, over
     random ids with special tokens mixed in, each asked twice (the second from the cache)."""
-    from astranb.engines.hf import _TextCache
+    from astranb.engines._text import TextCache
 
     tokenizer = spec.tokenizer()
-    texts = _TextCache(tokenizer, limit=50)
+    texts = TextCache(tokenizer, limit=50)
     assert texts._backend is not None  # the fast path is the one tested
     generator = torch.Generator().manual_seed(0)
     special = list(tokenizer.all_special_ids)
@@ -374,7 +374,7 @@ def test_completion_text_is_what_the_tokenizers_decode_gives(spec):
 
     tokenizer.__class__ = Cleaning
     try:
-        assert _TextCache(tokenizer)((special[0],) if special else (1,)).startswith("cleaned")
+        assert TextCache(tokenizer)((special[0],) if special else (1,)).startswith("cleaned")
     finally:
         tokenizer.__class__ = Cleaning.__mro__[1]
 

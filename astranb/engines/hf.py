@@ -37,6 +37,7 @@ from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
+from ._text import Bounded, TextCache
 from .base import MirroredWeights, settle
 
 __all__ = ["HFEngine", "EngineStats"]
@@ -100,8 +101,8 @@ class HFEngine(MirroredWeights):
         self.max_batch_size = max_batch_size
         self.fast_forward = fast_forward
         self.tokenizer = spec.tokenizer()
-        self._decode = _TextCache(self.tokenizer)  # worker thread only
-        self._valid_prompts = _Bounded()  # prompts already checked (event loop / callers)
+        self._decode = TextCache(self.tokenizer)  # worker thread only
+        self._valid_prompts: Bounded[tuple[int, ...], bool] = Bounded()  # checked already
         self._model = _build_model(spec, dtype, self.device)
         self.max_context: int | None = getattr(self._model.config, "max_position_embeddings", None)
         """The model's context in tokens (episodes are truncated before they pass it)."""
@@ -294,7 +295,7 @@ class HFEngine(MirroredWeights):
         if not all(isinstance(t, int) and 0 <= t < self._vocab_size for t in ids):
             raise ValueError(f"prompt_ids must be ints in [0, {self._vocab_size}), got {ids!r}")
         if type(ids) is tuple and all(type(t) is int for t in ids):
-            self._valid_prompts.add(ids)
+            self._valid_prompts.keep(ids, True)
 
     def _live(self) -> tuple[Row, ...]:
         return self._batch.rows if self._batch is not None else ()
@@ -583,66 +584,6 @@ class _LoopFuture:
 
     def set_exception(self, exc: BaseException) -> None:
         self.outbox.post(self.loop, self.future, None, exc)
-
-
-class _Bounded:
-    """A set that forgets everything once it holds `limit` items (cheap, and enough for caches
-    whose hits come from a working set far smaller than the limit)."""
-
-    def __init__(self, limit: int = 1 << 16) -> None:
-        self._items: set = set()
-        self._limit = limit
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._items
-
-    def add(self, item: object) -> None:
-        if len(self._items) >= self._limit:
-            self._items.clear()
-        self._items.add(item)
-
-
-class _TextCache:
-    """Completion ids -> text without special tokens, as `tokenizer.decode` gives it.
-
-    Short completions repeat (answers, tool calls, stop tokens), so decoded texts are kept in a
-    bounded dict. A miss goes straight to a fast tokenizer's Rust backend when the tokenizer adds
-    no clean-up of its own; transformers' `decode` spends most of its time converting the ids
-    in Python first (a quarter of the engine thread's time in bench/vs_trl.py)."""
-
-    def __init__(self, tokenizer: Any, limit: int = 1 << 16) -> None:
-        self._tokenizer = tokenizer
-        backend = getattr(tokenizer, "_tokenizer", None)
-        direct = (backend is not None and hasattr(backend, "decode")
-                  and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-                  and _plain_fast_decode(tokenizer))
-        self._backend = backend if direct else None
-        self._texts: dict[tuple[int, ...], str] = {}
-        self._limit = limit
-
-    def __call__(self, ids: tuple[int, ...]) -> str:
-        text = self._texts.get(ids)
-        if text is None:
-            if self._backend is not None:
-                text = self._backend.decode(list(ids), skip_special_tokens=True)
-            else:
-                text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
-            if len(self._texts) >= self._limit:
-                self._texts.clear()
-            self._texts[ids] = text
-        return text
-
-
-def _plain_fast_decode(tokenizer: Any) -> bool:
-    """Whether `tokenizer.decode` is transformers' fast-tokenizer decode, not overridden."""
-    try:
-        from transformers import PreTrainedTokenizerFast
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return False
-    base = getattr(PreTrainedTokenizerFast, "_decode", None)
-    return (isinstance(tokenizer, PreTrainedTokenizerFast) and base is not None
-            and type(tokenizer)._decode is base
-            and type(tokenizer).decode is PreTrainedTokenizerFast.decode)
 
 
 def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):

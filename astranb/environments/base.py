@@ -392,28 +392,12 @@ class EpisodeContext:
             ) from None
 
     def _sampling(self, policy: PolicyHandle, overrides: Mapping[str, Any]) -> SamplingParams:
-        base, tokenizer = self.env.sampling, policy.tokenizer
-        if not overrides:  # the common call: the environment's defaults, by identity
-            known = _DEFAULT_SAMPLING.get((id(base), id(tokenizer)))
-            if known is not None and known[0] is base and known[1] is tokenizer:
-                return known[2]
-        eos = _cached(_eos_id, tokenizer)
-        params = _cached(_sampling_params, base, tuple(sorted(overrides.items())), eos)
-        if not overrides:
-            if len(_DEFAULT_SAMPLING) >= 256:
-                _DEFAULT_SAMPLING.clear()
-            _DEFAULT_SAMPLING[(id(base), id(tokenizer))] = (base, tokenizer, params)
-        return params
+        eos = _cached(_eos_id, policy.tokenizer)
+        return _cached(_sampling_params, self.env.sampling, tuple(sorted(overrides.items())), eos)
 
 
 class SpawnRefused(Exception):
     """`ctx.spawn` past the environment's depth or breadth budget."""
-
-
-_DEFAULT_SAMPLING: dict[tuple[int, int], tuple[Any, Any, SamplingParams]] = {}
-"""(id of an environment's SamplingParams, id of a tokenizer) -> (both, the params a call
-without overrides samples with). Both objects are kept and compared by identity, so a reused
-id never answers for another pair; SamplingParams are frozen."""
 
 
 def _cached(function: Any, *args: Any) -> Any:
