@@ -19,9 +19,15 @@
      <= 1.5 x bytes / bandwidth + 50 ms; a delta of <= 10 % of the full bytes is pulled and
      applied >= 5x faster than the full snapshot.
 
-    .venv/bin/python bench/services.py            # ~2 minutes on 2 shared cores
+  C. The same pulls for chosen fractions of changed elements (0.2 % to 25 %): the bf16 weights of
+     the same model, each chosen element moved by one unit of its bit pattern (what an optimizer
+     step below a few ulps does), served through the same HTTP stack from memory, pulled and
+     applied with weights.Mirror, 3 times each, medians. It shows where a delta stops paying on
+     loopback: its apply costs a few ns per changed element, a full snapshot's a copy.
+
+    .venv/bin/python bench/services.py            # ~3 minutes on 2 shared cores
     .venv/bin/python bench/services.py --quick    # smaller: a smoke test
-    .venv/bin/python bench/services.py --part B   # one part only (A or B)
+    .venv/bin/python bench/services.py --part B   # one part only (A, B or C)
 """
 
 from __future__ import annotations
@@ -157,6 +163,25 @@ while True:
         conn.sendall(body)
 """
 
+_FILE_SENDER = """
+import sys
+from pathlib import Path
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from astranb.services.http import ServiceConfig, install, octets
+blobs = {p.stem: p.read_bytes() for p in Path(sys.argv[1]).glob("*.bin")}
+app = install(FastAPI(), ServiceConfig())
+@app.get("/health")
+async def health():
+    return {"ok": True}
+@app.get("/v1/weights/{name}")
+async def blob(name: str):
+    if name not in blobs:
+        raise HTTPException(404, name)
+    return octets(blobs[name])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
+"""
+
 _HTTP_SENDER = """
 import os, sys
 import uvicorn
@@ -288,15 +313,17 @@ def _bound(nbytes: int, bandwidth: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--part", choices=["A", "B", "both"], default="both")
+    parser.add_argument("--part", choices=["A", "B", "C", "all"], default="all")
     args = parser.parse_args()
     episodes, chunk = (4096, 512) if args.quick else (40_960, 1024)
     hidden, layers, steps = (256, 2, 2) if args.quick else (1024, 4, 3)
 
-    if args.part != "B":
+    if args.part in ("A", "all"):
         part_a(episodes, chunk)
-    if args.part != "A":
+    if args.part in ("B", "all"):
         part_b(hidden, layers, steps)
+    if args.part in ("C", "all"):
+        part_c(hidden, layers)
 
 
 def part_a(episodes: int, chunk: int) -> None:
@@ -340,6 +367,78 @@ def part_b(hidden: int, layers: int, steps: int) -> None:
         fetch_ratio = full["fetch_s"] / delta["fetch_s"]
         print(f"   {full['version']:7d} | {fraction:16.3f} | {fetch_ratio:17.1f}x {ratio:5.1f}x  "
               f"{verdict:28s} | {row['transfer_seconds']:.3f} ({row['transfer_kind']})")
+
+
+FRACTIONS = (0.002, 0.01, 0.05, 0.10, 0.15, 0.25)
+
+
+def part_c(hidden: int, layers: int) -> None:
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from astranb.weights import encode, encode_full
+
+    spec = ab.models.tiny(hidden_size=hidden, num_layers=layers, num_heads=16)
+    old = {k: v.contiguous() for k, v in spec.build(dtype=torch.bfloat16).state_dict().items()}
+    elements = sum(t.numel() for t in old.values())
+    print(f"\nC. pulls by fraction changed, tiny Qwen3 hidden {hidden} x {layers} layers "
+          f"({elements:,} bf16 elements), one unit of the bit pattern per changed element")
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "full.bin").write_bytes(encode_full(old))
+        names = []
+        for i, fraction in enumerate(FRACTIONS):
+            new = {}
+            for name, t in old.items():
+                bits = t.view(torch.int16).numpy().reshape(-1).copy()
+                where = rng.random(bits.size) < fraction
+                bits[where] += np.where(rng.random(int(where.sum())) < 0.5, 1, -1).astype(np.int16)
+                new[name] = torch.from_numpy(bits).view(torch.bfloat16).reshape(t.shape)
+            names.append(f"delta{i}")
+            (Path(folder) / f"{names[-1]}.bin").write_bytes(encode(old, new))
+        proc, url = start_script(_FILE_SENDER, folder)
+        try:
+            held = {"tensors": old}
+            full = asyncio.run(_pulls_named(url, "full", None))
+            print("   changed | delta/full bytes | delta: fetch s  apply s  total s | "
+                  "full total s | full/delta (target >= 5x when <= 10 % of the bytes)")
+            for fraction, name in zip(FRACTIONS, names, strict=True):
+                delta = asyncio.run(_pulls_named(url, name, held))
+                full = asyncio.run(_pulls_named(url, "full", None))  # beside it, same moment
+                share = delta["bytes"] / full["bytes"]
+                ratio = full["total_s"] / delta["total_s"]
+                verdict = ("n/a: delta > 10 %" if share > 0.10
+                           else "pass" if ratio >= 5 else "FAIL")
+                print(f"   {fraction:7.1%} | {share:16.3f} | {delta['fetch_s']:14.3f} "
+                      f"{delta['apply_s']:8.3f} {delta['total_s']:8.3f} | {full['total_s']:12.3f}"
+                      f" | {ratio:5.1f}x {verdict}")
+        finally:
+            stop(proc)
+
+
+async def _pulls_named(url: str, name: str, held: dict | None) -> dict:
+    """_pulls for a payload served under `name` (part C's sender)."""
+    client = TrainerClient(url)
+    runs = []
+    try:
+        for _ in range(PULLS):
+            mirror = Mirror()
+            if held is not None:
+                mirror.set(held["tensors"])
+            started = time.perf_counter()
+            payload = await client.weights(name)
+            fetched = time.perf_counter()
+            header = mirror.apply(payload)
+            runs.append((fetched - started, time.perf_counter() - fetched,
+                         time.perf_counter() - started))
+            del payload
+    finally:
+        await client.close()
+    fetch_s, apply_s, total_s = (statistics.median(r[i] for r in runs) for i in range(3))
+    return {"bytes": header.total_bytes, "fetch_s": fetch_s, "apply_s": apply_s,
+            "total_s": total_s}
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import xxhash
 import zstandard
 
 from ..errors import AstranbError
+from . import _kernels
 
 __all__ = [
     "WeightTransferError",
@@ -67,6 +68,7 @@ _TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ZSTD_LEVEL = 3
 _MAX_HEADER = 256 << 20
 _SCHEMES = ("same", "raw", "dense", "rice", "bitmap")
+_MAX_RICE_K = 40  # the encoder's largest Rice parameter (gaps up to ~2^40 x a few)
 
 
 class WeightTransferError(AstranbError, ValueError):
@@ -281,13 +283,48 @@ def _decode_tensor(entry: dict[str, Any], parts: list[memoryview], bits: np.ndar
     if scheme == "dense":
         bits[:] = _values_decode(parts[0], bits, bits.size)
         return
+    if _kernels.available():
+        _apply_compiled(entry, parts, bits)
+        return
     if scheme == "rice":
         idx = _rice_decode(parts[0], parts[1], n)
     else:
         idx = np.flatnonzero(_bitmap_decode(parts[0], bits.size))
     if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
-        raise CorruptPayload(f"tensor {entry['name']!r}: positions do not decode to {n} changes")
+        raise _bad_positions(entry)
     bits[idx] = _values_decode(parts[-1], bits[idx], n)
+
+
+def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray) -> None:
+    """The rice and bitmap schemes through the compiled loops (_kernels): positions are checked
+    before any value is written."""
+    n = entry["changed"]
+    planes, diff = _value_planes(parts[-1], bits.dtype, n)
+    if entry["scheme"] == "rice":
+        values = _unplanes(planes, bits.dtype, n)
+        unary, k = _rice_header(parts[0])
+        remainders = np.frombuffer(parts[1], dtype=np.uint8)
+        if remainders.size * 8 < n * k:
+            raise CorruptPayload("remainder stream too short")
+        idx = _kernels.rice_positions(unary, remainders, k, n)
+        if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
+            raise _bad_positions(entry)
+        _kernels.apply_at(idx, values, bits, diff)
+        return
+    packed = np.frombuffer(_unzstd(parts[0], (bits.size + 7) // 8), dtype=np.uint8)
+    if packed.size * 8 < bits.size:
+        raise CorruptPayload("bitmap shorter than its tensor")
+    words = _kernels.big_endian_words(packed)
+    past_end = np.unpackbits(packed[bits.size // 8 :])[bits.size % 8 :]  # bits past the tensor
+    if np.count_nonzero(past_end) or int(np.bitwise_count(words).sum()) != n:
+        raise _bad_positions(entry)
+    _kernels.apply_bitmap(words, planes, bits, diff)
+
+
+def _bad_positions(entry: dict[str, Any]) -> CorruptPayload:
+    return CorruptPayload(
+        f"tensor {entry['name']!r}: positions do not decode to {entry['changed']} changes"
+    )
 
 
 def _changed_positions(old: np.ndarray, new: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
@@ -320,11 +357,19 @@ def _rice_encode(changed: np.ndarray) -> list[bytes]:
     return [bytes([k]) + np.packbits(unary).tobytes(), remainders]
 
 
-def _rice_decode(unary_part: memoryview, rem_part: memoryview, n: int) -> np.ndarray:
+def _rice_header(unary_part: memoryview) -> tuple[np.ndarray, int]:
+    """The unary stream's bytes and the Rice parameter k in its first byte."""
     if len(unary_part) < 1:
         raise CorruptPayload("empty position stream")
     k = unary_part[0]
-    unary = np.unpackbits(np.frombuffer(unary_part[1:], dtype=np.uint8)).view(bool)
+    if k > _MAX_RICE_K:
+        raise CorruptPayload(f"Rice parameter {k} is out of range (at most {_MAX_RICE_K})")
+    return np.frombuffer(unary_part[1:], dtype=np.uint8), k
+
+
+def _rice_decode(unary_part: memoryview, rem_part: memoryview, n: int) -> np.ndarray:
+    packed, k = _rice_header(unary_part)
+    unary = np.unpackbits(packed).view(bool)
     ones = np.flatnonzero(unary)[:n]  # ones[i] + 1 = sum of (q_j + 1) over j <= i
     if ones.size != n:
         raise CorruptPayload(f"position stream holds {ones.size} codes, expected {n}")
@@ -375,7 +420,7 @@ def _rice_parameter(gaps: np.ndarray) -> int:
     """The k in 0..40 that makes the code shortest (total bits = n(k+1) + sum(g >> k))."""
     mean = float(gaps.mean())
     guess = max(0, int(np.log2(max(mean * 0.69, 1.0))))
-    best = min(range(max(0, guess - 1), min(40, guess + 2)),
+    best = min(range(max(0, guess - 1), min(_MAX_RICE_K, guess + 2)),
                key=lambda k: gaps.size * (k + 1) + int((gaps >> k).sum()))
     return best
 
@@ -404,19 +449,26 @@ def _values_encode(old: np.ndarray, new: np.ndarray) -> bytes:
     return (b"d" + diff) if len(diff) <= len(raw) else (b"r" + raw)
 
 
-def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
+def _value_planes(part: memoryview, dtype: np.dtype, n: int) -> tuple[np.ndarray, bool]:
+    """A value stream's byte planes (itemsize x n, uint8) and whether they hold zig-zag mapped
+    bit differences (True) or the new bits themselves (False)."""
     if len(part) < 1:
         raise CorruptPayload("empty value stream")
-    mode, planes = bytes(part[:1]), _unzstd(part[1:], n * old.dtype.itemsize)
-    if len(planes) != n * old.dtype.itemsize:
-        raise CorruptPayload(
-            f"value stream holds {len(planes)} bytes, expected {n * old.dtype.itemsize}"
-        )
-    values = _unplanes(planes, old.dtype, n)
-    if mode == b"r":
-        return values
-    if mode != b"d":
+    mode, planes = bytes(part[:1]), _unzstd(part[1:], n * dtype.itemsize)
+    if len(planes) != n * dtype.itemsize:
+        expected = n * dtype.itemsize
+        raise CorruptPayload(f"value stream holds {len(planes)} bytes, expected {expected}")
+    if mode not in (b"d", b"r"):
         raise CorruptPayload(f"unknown value mode {mode!r}")
+    return np.frombuffer(planes, dtype=np.uint8).reshape(dtype.itemsize, n), mode == b"d"
+
+
+def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
+    """The new values: from the stream, with `old` (the values they replace) for differences."""
+    planes, diff = _value_planes(part, old.dtype, n)
+    values = _unplanes(planes, old.dtype, n)
+    if not diff:
+        return values
     # undo the zig-zag map, then add in wrap-around (mod 2^bits) arithmetic, in place (`values`
     # is _unplanes' new array)
     sign = values & 1
@@ -432,10 +484,9 @@ def _planes(values: np.ndarray) -> bytes:
     return values.view(np.uint8).reshape(-1, values.dtype.itemsize).T.tobytes()
 
 
-def _unplanes(data: bytes, dtype: np.dtype, n: int) -> np.ndarray:
-    """A new array of n values from their byte planes (a plane at a time: ~7x faster for bf16
-    than one transposing copy)."""
-    planes = np.frombuffer(data, dtype=np.uint8).reshape(dtype.itemsize, n)
+def _unplanes(planes: np.ndarray, dtype: np.dtype, n: int) -> np.ndarray:
+    """A new array of n values from their byte planes (itemsize x n; a plane at a time: ~7x
+    faster for bf16 than one transposing copy)."""
     out = np.empty(n, dtype=dtype)
     columns = out.view(np.uint8).reshape(n, dtype.itemsize)
     for i in range(dtype.itemsize):

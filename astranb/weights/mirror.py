@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 import torch
 
-from .codec import BaseMismatch, CorruptPayload, Header, _apply, _decode, _open, checksum
+from . import _kernels
+from .codec import BaseMismatch, CorruptPayload, Header, _apply, _bits, _decode, _open, checksum
 
 __all__ = ["Mirror"]
 
@@ -44,6 +45,7 @@ class Mirror:
             raise ValueError(f"payload makes version {header.version}, update says {version}")
         if header.kind == "full":
             self.tensors, self.checksum = _decode(None, header, body), header.checksum
+            _kernels.warm({_bits(t).dtype for t in self.tensors.values()})  # for the deltas
             return header
         if self.tensors is None:
             raise BaseMismatch(
