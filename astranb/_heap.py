@@ -10,6 +10,10 @@ While at least one run is going, everything that existed when the first started 
 collector's permanent generation (`gc.freeze`), so full passes walk only what the runs made.
 When the last run ends it goes back (`gc.unfreeze`), and cyclic garbage among those objects is
 collected as before. Reference counting frees everything else meanwhile, as always.
+
+Only the young generations are collected before freezing, not the whole heap: a full pass
+over a long-lived process (a notebook after many runs, a test session) takes seconds, and the
+cyclic garbage it would find among old objects is only held until the last run ends.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def hold_frozen() -> Callable[[], None]:
     global _holders
     with _lock:
         if _holders == 0:
-            gc.collect()
+            gc.collect(1)  # the young generations only: see the module's docstring
         gc.freeze()  # later runs also move what was made since the first one began
         _holders += 1
     released = False

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from astranb.weights import CorruptPayload, Mirror, codec, decode, encode, peek
-from astranb.weights import _kernels
+from astranb.weights import CorruptPayload, Mirror, _kernels, codec, decode, encode, peek
 
-pytestmark = pytest.mark.skipif(not _kernels.available(), reason="numba is not installed")
+
+def test_numba_is_installed_and_the_compiled_loops_are_in_use():
+    assert _kernels.available(), "numba is a dependency: `make setup` installs it"
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -6,7 +6,7 @@ that position was written). Arithmetic runs in uint64 and is truncated on store:
 
 import numpy as np
 from numba import njit
-from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 _M1, _M2, _M4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np.uint64(
     0x0F0F0F0F0F0F0F0F)
@@ -69,27 +69,30 @@ def apply_at(positions_i64, values, bits, diff):
 
 @njit(nogil=True, cache=True)
 def rice_positions(unary_u64, rem_u8, k, n, out_i64):
-    # unary: q zeros then a one per gap; remainders: k bits each, MSB first, in rem_u8
-    # (zero-padded by 8 bytes so a 64-bit read never runs off the end)
+    # unary: q zeros then a one per gap (big-endian words, reversed here so the next one is the
+    # lowest set bit); remainders: k bits each, MSB first, read through a 64-bit buffer
     j, last, zeros = 0, np.int64(-1), np.int64(0)
     one = np.uint64(1)
-    mask = (one << np.uint64(k)) - one if k else np.uint64(0)
+    acc, avail, byte = np.uint64(0), 0, 0  # buffered remainder bits, at the top of acc
     for i in range(unary_u64.size):
-        w = unary_u64[i]
-        consumed = 0  # bits of w already read, from the top
+        w = _reverse(unary_u64[i])
+        consumed = 0  # bits of this word already read
         while w and j < n:
-            lz = leading_zeros(w)
-            zeros += lz - consumed
-            w ^= one << np.uint64(63 - lz)
-            consumed = lz + 1
+            tz = trailing_zeros(w)
+            w &= w - one
+            zeros += tz - consumed
+            consumed = tz + 1
             r = np.int64(0)
             if k:
-                bit = j * k
-                byte = bit >> 3
-                word = np.uint64(0)
-                for b in range(8):
-                    word = (word << np.uint64(8)) | np.uint64(rem_u8[byte + b])
-                r = np.int64((word >> np.uint64(64 - k - (bit & 7))) & mask)
+                while avail <= 56 and byte < rem_u8.size:
+                    acc |= np.uint64(rem_u8[byte]) << np.uint64(56 - avail)
+                    avail += 8
+                    byte += 1
+                if avail < k:  # the stream ends early: the caller checked its length
+                    return j
+                r = np.int64(acc >> np.uint64(64 - k))
+                acc = acc << np.uint64(k)
+                avail -= k
             last += (zeros << k) + r + 1
             out_i64[j] = last
             zeros = np.int64(0)
