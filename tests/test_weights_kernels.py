@@ -19,6 +19,13 @@ import torch
 from astranb.weights import CorruptPayload, Mirror, _kernels, codec, decode, encode, peek
 
 
+@pytest.fixture(autouse=True)
+def compiled_for_every_size(monkeypatch):
+    """The compiled loops for every payload here, however few its changes (codec.py sends only
+    payloads of >= _COMPILED_WORK changes through them)."""
+    monkeypatch.setattr(codec, "_COMPILED_WORK", 0)
+
+
 def test_numba_is_installed_and_the_compiled_loops_are_in_use():
     assert _kernels.available(), "numba is a dependency: `make setup` installs it"
 
@@ -171,7 +178,10 @@ def test_the_loops_never_write_outside_the_tensor():
 
 
 # -- warm-up and the switch ------------------------------------------------------------------------
-def test_a_mirror_warms_the_loops_when_it_takes_its_first_full_snapshot():
+def test_a_mirror_warms_the_loops_when_it_takes_its_first_full_snapshot(monkeypatch):
+    from astranb.weights import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "_WARM_ELEMENTS", 3)
     key = (np.dtype(np.uint32),)  # a dtype nothing else in this file warms
     _kernels._warmed.discard(key)
     mirror = Mirror()
@@ -185,7 +195,8 @@ def test_a_mirror_warms_the_loops_when_it_takes_its_first_full_snapshot():
 def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
     script = (
         "import torch, numpy as np\n"
-        "from astranb.weights import _kernels, encode, decode\n"
+        "from astranb.weights import _kernels, codec, encode, decode\n"
+        "codec._COMPILED_WORK = 0\n"
         "old = {'w': torch.zeros(1000, dtype=torch.bfloat16)}\n"
         "new = {'w': torch.linspace(0, 1, 1000).bfloat16()}\n"
         "out = decode(old, encode(old, new))\n"
@@ -198,3 +209,27 @@ def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected
+
+
+def test_small_deltas_and_small_models_never_load_numba():
+    """A process that only sees payloads under the threshold (a tiny model) does not import
+    numba at all; the first payload over it does."""
+    script = (
+        "import sys, torch\n"
+        "from astranb.weights import Mirror, codec, encode, encode_full\n"
+        "def model(scale):  # a third of 1.2M elements moved (a bitmap delta)\n"
+        "    w = torch.linspace(1, 2, 1_200_000)\n"
+        "    w[::3] *= scale\n"
+        "    return {'w': w.bfloat16()}\n"
+        "small = {'w': torch.zeros(1000, dtype=torch.bfloat16)}\n"
+        "m = Mirror(); m.apply(encode_full(small))\n"
+        "m.apply(encode(small, {'w': torch.ones(1000, dtype=torch.bfloat16)}))\n"
+        "print('numba' in sys.modules)\n"
+        "big = Mirror(); big.set(model(1.0))\n"
+        "big.apply(encode(model(1.0), model(1.05)))\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "ASTRANB_NO_NUMBA": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

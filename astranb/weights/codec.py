@@ -269,7 +269,9 @@ def _encode_tensor(
     return entry, [*pos_parts, values]
 
 
-def _decode_tensor(entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray) -> None:
+def _decode_tensor(
+    entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray, compiled: bool = False
+) -> None:
     scheme, n = entry["scheme"], entry["changed"]
     if scheme == "same" or bits.size == 0:
         return
@@ -283,7 +285,7 @@ def _decode_tensor(entry: dict[str, Any], parts: list[memoryview], bits: np.ndar
     if scheme == "dense":
         bits[:] = _values_decode(parts[0], bits, bits.size)
         return
-    if _kernels.available():
+    if compiled:
         _apply_compiled(entry, parts, bits)
         return
     if scheme == "rice":
@@ -541,6 +543,10 @@ def _open(payload: bytes, *, verify: bool = True) -> tuple[Header, memoryview]:
 
 _PARALLEL_WORK = 1 << 20  # elements to decode before a payload is split over threads
 _MAX_THREADS = 8
+# changes (in rice and bitmap tensors) before a payload goes through the compiled loops: below
+# it numpy takes milliseconds, and a process that only ever sees small deltas (a tiny model, a
+# test) never pays numba's ~0.6 s load
+_COMPILED_WORK = 1 << 18
 _Job = tuple[int, int, dict[str, Any], list[memoryview], np.ndarray]  # work, index, entry, ...
 
 
@@ -556,10 +562,12 @@ def _apply_sections(header: Header, body: memoryview, tensors: Mapping[str, torc
         work = entry["changed"] if entry["scheme"] in ("rice", "bitmap") else bits.size
         if entry["scheme"] != "same":
             jobs.append((work, len(jobs), entry, parts, bits))
+    changes = sum(e["changed"] for e in header.tensors if e["scheme"] in ("rice", "bitmap"))
+    compiled = changes >= _COMPILED_WORK and _kernels.available()
     threads = min(_cpus(), _MAX_THREADS, len(jobs))
     if threads < 2 or sum(job[0] for job in jobs) < _PARALLEL_WORK:
         for job in jobs:
-            _decode_job(job)
+            _decode_job(job, compiled)
         return
     # tensors are independent: numpy and zstd release the GIL, so threads decode side by side;
     # largest first, so they finish together
@@ -574,7 +582,7 @@ def _apply_sections(header: Header, body: memoryview, tensors: Mapping[str, torc
             if job is None:
                 return
             try:
-                _decode_job(job)
+                _decode_job(job, compiled)
             except BaseException as error:  # re-raised below, in the caller's thread
                 errors[job[1]] = error
 
@@ -589,10 +597,10 @@ def _apply_sections(header: Header, body: memoryview, tensors: Mapping[str, torc
         raise errors[min(errors)]  # the first failing tensor in the payload's order
 
 
-def _decode_job(job: _Job) -> None:
+def _decode_job(job: _Job, compiled: bool) -> None:
     _, _, entry, parts, bits = job
     try:
-        _decode_tensor(entry, parts, bits)
+        _decode_tensor(entry, parts, bits, compiled)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"tensor {entry['name']!r}: {error}") from error
 

@@ -7,9 +7,21 @@ from collections.abc import Mapping
 import torch
 
 from . import _kernels
-from .codec import BaseMismatch, CorruptPayload, Header, _apply, _bits, _decode, _open, checksum
+from .codec import (
+    _COMPILED_WORK,
+    BaseMismatch,
+    CorruptPayload,
+    Header,
+    _apply,
+    _bits,
+    _decode,
+    _open,
+    checksum,
+)
 
 __all__ = ["Mirror"]
+
+_WARM_ELEMENTS = 4 * _COMPILED_WORK  # a model whose deltas will likely go through _kernels
 
 
 class Mirror:
@@ -45,7 +57,8 @@ class Mirror:
             raise ValueError(f"payload makes version {header.version}, update says {version}")
         if header.kind == "full":
             self.tensors, self.checksum = _decode(None, header, body), header.checksum
-            _kernels.warm({_bits(t).dtype for t in self.tensors.values()})  # for the deltas
+            if header.elements >= _WARM_ELEMENTS:  # deltas big enough for the compiled loops
+                _kernels.warm({_bits(t).dtype for t in self.tensors.values()})
             return header
         if self.tensors is None:
             raise BaseMismatch(
