@@ -88,13 +88,14 @@ def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
     `astranb.remote.scaling.Autoscaler` (or None).
     """
     policies = sorted({p.name for _, wiring, _ in wired for p in wiring.values()})
-    scope_box: list[anyio.CancelScope] = []
+    scope_box: list[anyio.CancelScope | None] = []  # the run's scope (see _cancel)
     final: dict[str, int] = {}  # the accounting, filled when the run ends; live until then
     resume = {"targets": dict(targets), "checkpoints": checkpoints,
               "position": position or {}, "time_offset": time_offset,
               "autoscale": autoscale}
     info = RunInfo.begin(recorder, config, wired,  # run.json: settings, then how it ended
-                         stopped=lambda: bool(scope_box) and scope_box[0].cancel_called)
+                         stopped=lambda: bool(scope_box) and (scope_box[0] is None
+                                                              or scope_box[0].cancel_called))
     trackers = None if not loggers else Trackers(
         loggers, recorder, run_hyperparameters(config, wired, heldout),
         {role: p.name for role, p in (heldout.wiring if heldout else {}).items()})
@@ -116,13 +117,22 @@ def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
     return run
 
 
-def _cancel(session: Session, scope_box: list[anyio.CancelScope]) -> None:
-    if scope_box and session._portal is not None:
-        session._portal.call(scope_box[0].cancel)
+def _cancel(session: Session, scope_box: list[anyio.CancelScope | None]) -> None:
+    """Stop the run from any thread. On the loop: cancel its scope, or, when the task has not
+    entered it yet (a stop right after `train()`), leave None in the box, which the task reads
+    as "cancel at once" when it gets there."""
+    def on_loop() -> None:
+        if scope_box and scope_box[0] is not None:
+            scope_box[0].cancel()
+        elif not scope_box:
+            scope_box.append(None)
+
+    if session._portal is not None:
+        session._portal.call(on_loop)
 
 
 async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
-                   scope_box: list[anyio.CancelScope], final: dict[str, int],
+                   scope_box: list[anyio.CancelScope | None], final: dict[str, int],
                    heldout: HeldOut | None, resume: Mapping[str, Any],
                    trackers: Trackers | None = None,
                    release_heap: Callable[[], None] = lambda: None) -> None:
@@ -135,7 +145,11 @@ async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: 
     failure: BaseException | None
     try:
         with anyio.CancelScope() as scope:
-            scope_box.append(scope)
+            if scope_box:  # stopped before it began (see _cancel)
+                scope_box[0] = scope
+                scope.cancel()
+            else:
+                scope_box.append(scope)
             scaler = resume.get("autoscale")
             also = [] if scaler is None else [functools.partial(
                 scaler.run, pool, lambda: recorder.rows, recorder.add_event)]

@@ -188,6 +188,25 @@ def test_stop_cancels_cleanly_and_keeps_what_was_collected(tmp_path):
         assert run2.metrics["version"].tolist() == [version + 1]
 
 
+def test_a_stop_right_after_train_is_not_lost(tmp_path):
+    """stop() that reaches the loop before the run's task has begun (here: the loop is blocked
+    while train() and stop() are called) still stops the run: it does not go on to its 10,000
+    steps."""
+    session, _ = make_session(tmp_path)
+
+    async def block_the_loop():
+        time.sleep(0.5)  # on purpose: nothing else runs on the loop meanwhile
+
+    with session:
+        for _ in range(3):
+            session._loop().start_task_soon(block_the_loop)
+            run = session.train(steps=10_000, batch_size=8, group_size=4)
+            run.stop()
+            run.wait(timeout=60, progress=False)
+            assert run.status == "stopped"
+            assert len(run.metrics) < 100
+
+
 def test_await_run_from_an_event_loop(tmp_path):
     session, _ = make_session(tmp_path)
 
