@@ -203,12 +203,11 @@ def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
         "assert torch.equal(out['w'], new['w'])\n"
         "print(_kernels.available())\n"
     )
-    for flag, expected in (("1", "False"), ("", "True")):
-        env = {**os.environ, "ASTRANB_NO_NUMBA": flag}
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == expected
+    env = {**os.environ, "ASTRANB_NO_NUMBA": "1"}  # the other way round: the test below
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_small_deltas_and_small_models_never_load_numba():
