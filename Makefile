@@ -59,8 +59,13 @@ browser:
 	  else echo "note: chromium is not installed and apt needs root; the browser test will skip"; fi; }
 
 # The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
+# Two pytest workers, a test file each at a time (most tests wait on child processes); the
+# schemathesis fuzz file runs after them in one process: its generated cases share one test id,
+# and pytest-xdist would run only one of them.
+FUZZ := tests/test_services_fuzz.py
 test: setup browser
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=$(FUZZ)
+	$(BIN)/python -m pytest -q -p no:xdist $(FUZZ)
 
 # Everything but the tests marked slow (live services, FSDP, the browser, notebooks).
 test-fast: setup
