@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 import socket
@@ -274,10 +275,13 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
     return {"parameters": ab.models.tiny_parameters(spec.config), "rows": rows, "pulls": pulls}
 
 
-async def _pulls(url: str, held: dict | None) -> dict:
+async def _pulls(url: str, held: dict | None, route: str = "solver",
+                 policy: str = "solver") -> dict:
     """Pull the latest version PULLS times as a receiver holding `held` (None: nothing) and apply
     it as an engine does (weights.Mirror): a full snapshot decoded, a delta applied in place to a
-    copy of what is held (the copy is the benchmark's, not timed). Medians of each time."""
+    copy of what is held (the copy is the benchmark's, not timed). Medians of each time.
+    `route` is the name in the weights route (part C's sender serves payloads by file name),
+    `policy` the one the payloads are for."""
     client = TrainerClient(url)  # one client, as a Session or a rollout service holds one
     runs = []
     try:
@@ -287,11 +291,11 @@ async def _pulls(url: str, held: dict | None) -> dict:
                 mirror.set(held["tensors"])  # a copy in bf16, and its checksum (not timed)
             started = time.perf_counter()
             if held is None:
-                payload = await client.weights("solver")
+                payload = await client.weights(route)
             else:
-                payload = await client.weights("solver", held["version"], held["checksum"])
+                payload = await client.weights(route, held["version"], held["checksum"])
             fetched = time.perf_counter()
-            header = mirror.apply(payload, policy="solver")
+            header = mirror.apply(payload, policy=policy)
             done = time.perf_counter()
             assert mirror.checksum == header.checksum
             runs.append((fetched - started, done - fetched, done - started))
@@ -378,7 +382,7 @@ def part_c(hidden: int, layers: int) -> None:
     import numpy as np
     import torch
 
-    from astranb.weights import encode, encode_full
+    from astranb.weights import checksum, encode, encode_full
 
     spec = ab.models.tiny(hidden_size=hidden, num_layers=layers, num_heads=16)
     old = {k: v.contiguous() for k, v in spec.build(dtype=torch.bfloat16).state_dict().items()}
@@ -400,13 +404,16 @@ def part_c(hidden: int, layers: int) -> None:
             (Path(folder) / f"{names[-1]}.bin").write_bytes(encode(old, new))
         proc, url = start_script(_FILE_SENDER, folder)
         try:
-            held = {"tensors": old}
-            full = asyncio.run(_pulls_named(url, "full", None))
+            held = {"tensors": old, "version": 0, "checksum": checksum(old)}
+            pull = functools.partial(_pulls, url, route="full", policy="")
+            # a first full pull, untimed: as in an engine, a Mirror's first full snapshot of a
+            # model this size starts loading the compiled delta loops (astranb.weights._kernels)
+            asyncio.run(pull(None))
             print("   changed | delta/full bytes | delta: fetch s  apply s  total s | "
                   "full total s | full/delta (target >= 5x when <= 10 % of the bytes)")
             for fraction, name in zip(FRACTIONS, names, strict=True):
-                delta = asyncio.run(_pulls_named(url, name, held))
-                full = asyncio.run(_pulls_named(url, "full", None))  # beside it, same moment
+                delta = asyncio.run(_pulls(url, held, route=name, policy=""))
+                full = asyncio.run(pull(None))  # beside it, at the same moment
                 share = delta["bytes"] / full["bytes"]
                 ratio = full["total_s"] / delta["total_s"]
                 verdict = ("n/a: delta > 10 %" if share > 0.10
@@ -416,29 +423,6 @@ def part_c(hidden: int, layers: int) -> None:
                       f" | {ratio:5.1f}x {verdict}")
         finally:
             stop(proc)
-
-
-async def _pulls_named(url: str, name: str, held: dict | None) -> dict:
-    """_pulls for a payload served under `name` (part C's sender)."""
-    client = TrainerClient(url)
-    runs = []
-    try:
-        for _ in range(PULLS):
-            mirror = Mirror()
-            if held is not None:
-                mirror.set(held["tensors"])
-            started = time.perf_counter()
-            payload = await client.weights(name)
-            fetched = time.perf_counter()
-            header = mirror.apply(payload)
-            runs.append((fetched - started, time.perf_counter() - fetched,
-                         time.perf_counter() - started))
-            del payload
-    finally:
-        await client.close()
-    fetch_s, apply_s, total_s = (statistics.median(r[i] for r in runs) for i in range(3))
-    return {"bytes": header.total_bytes, "fetch_s": fetch_s, "apply_s": apply_s,
-            "total_s": total_s}
 
 
 if __name__ == "__main__":

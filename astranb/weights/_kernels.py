@@ -29,14 +29,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
-from types import SimpleNamespace
+from types import ModuleType
 
 import numpy as np
 
 __all__ = ["available", "warm", "apply_bitmap", "apply_at", "rice_positions",
            "big_endian_words"]
 
-_loops: SimpleNamespace | None = None  # the compiled loops, once _load() has run
+_loops: ModuleType | None = None  # astranb.weights._loops, once _load() has imported it
 _loaded = False
 _load_lock = threading.Lock()
 _warming = False
@@ -107,9 +107,7 @@ def _load() -> None:
         except ImportError:
             _loops = None
         else:
-            _loops = SimpleNamespace(apply_bitmap=compiled.apply_bitmap,
-                                     apply_at=compiled.apply_at,
-                                     rice_positions=compiled.rice_positions)
+            _loops = compiled
         _loaded = True
 
 

@@ -292,8 +292,7 @@ def _decode_tensor(
         idx = _rice_decode(parts[0], parts[1], n)
     else:
         idx = np.flatnonzero(_bitmap_decode(parts[0], bits.size))
-    if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
-        raise _bad_positions(entry)
+    _check_positions(entry, idx, bits.size)
     bits[idx] = _values_decode(parts[-1], bits[idx], n)
 
 
@@ -309,18 +308,22 @@ def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.nda
         if remainders.size * 8 < n * k:
             raise CorruptPayload("remainder stream too short")
         idx = _kernels.rice_positions(unary, remainders, k, n)
-        if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= bits.size)):
-            raise _bad_positions(entry)
+        _check_positions(entry, idx, bits.size)
         _kernels.apply_at(idx, values, bits, diff)
         return
-    packed = np.frombuffer(_unzstd(parts[0], (bits.size + 7) // 8), dtype=np.uint8)
-    if packed.size * 8 < bits.size:
-        raise CorruptPayload("bitmap shorter than its tensor")
+    packed = _bitmap_bytes(parts[0], bits.size)
     words = _kernels.big_endian_words(packed)
     past_end = np.unpackbits(packed[bits.size // 8 :])[bits.size % 8 :]  # bits past the tensor
     if np.count_nonzero(past_end) or int(np.bitwise_count(words).sum()) != n:
         raise _bad_positions(entry)
     _kernels.apply_bitmap(words, planes, bits, diff)
+
+
+def _check_positions(entry: dict[str, Any], idx: np.ndarray, size: int) -> None:
+    """Decoded (increasing) positions: as many as the entry says, all inside the tensor."""
+    n = entry["changed"]
+    if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= size)):
+        raise _bad_positions(entry)
 
 
 def _bad_positions(entry: dict[str, Any]) -> CorruptPayload:
@@ -433,11 +436,16 @@ def _bitmap_encode(changed: np.ndarray, size: int) -> list[bytes]:
     return [_zstd(np.packbits(mask).tobytes())]
 
 
-def _bitmap_decode(part: memoryview, size: int) -> np.ndarray:
+def _bitmap_bytes(part: memoryview, size: int) -> np.ndarray:
+    """A bitmap section's packed bytes (packbits' order), at least `size` bits of them."""
     packed = np.frombuffer(_unzstd(part, (size + 7) // 8), dtype=np.uint8)
     if packed.size * 8 < size:
         raise CorruptPayload("bitmap shorter than its tensor")
-    return np.unpackbits(packed, count=size).view(bool)
+    return packed
+
+
+def _bitmap_decode(part: memoryview, size: int) -> np.ndarray:
+    return np.unpackbits(_bitmap_bytes(part, size), count=size).view(bool)
 
 
 # -- values ----------------------------------------------------------------------------------------
