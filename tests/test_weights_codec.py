@@ -644,7 +644,7 @@ def test_malformed_header_with_valid_hash_is_corrupt_payload(header):
 def test_section_claiming_a_huge_size_is_refused_before_allocating():
     import zstandard
 
-    from astranb.weights.codec import _unzstd
+    from astranb.weights._sections import _unzstd
 
     big = zstandard.ZstdCompressor().compress(bytes(1 << 20))
     with pytest.raises(CorruptPayload, match="claims 1048576 bytes, at most 1000"):

@@ -1,6 +1,6 @@
 """The compiled delta loops (astranb/weights/_kernels.py, numba) against the numpy decoder.
 
-The numpy path in codec.py is the reference: both must give the same bits for every scheme,
+The numpy path in _sections.py is the reference: both must give the same bits for every scheme,
 value mode and element size, refuse the same malformed payloads before writing anything, and
 never write outside a tensor whatever positions a (hash-valid) payload claims.
 """
@@ -16,14 +16,23 @@ import numpy as np
 import pytest
 import torch
 
-from astranb.weights import CorruptPayload, Mirror, _kernels, codec, decode, encode, peek
+from astranb.weights import (
+    CorruptPayload,
+    Mirror,
+    _kernels,
+    _sections,
+    codec,
+    decode,
+    encode,
+    peek,
+)
 
 
 @pytest.fixture(autouse=True)
 def compiled_for_every_size(monkeypatch):
-    """The compiled loops for every payload here, however few its changes (codec.py sends only
+    """The compiled loops for every payload here, however few its changes (_sections.py sends only
     payloads of >= _COMPILED_WORK changes through them)."""
-    monkeypatch.setattr(codec, "_COMPILED_WORK", 0)
+    monkeypatch.setattr(_sections, "_COMPILED_WORK", 0)
 
 
 def test_numba_is_installed_and_the_compiled_loops_are_in_use():
@@ -40,7 +49,7 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 @pytest.fixture
 def numpy_path(monkeypatch):
-    """Decode with codec.py's numpy path (the compiled loops switched off)."""
+    """Decode with _sections.py's numpy path (the compiled loops switched off)."""
     monkeypatch.setattr(_kernels, "available", lambda: False)
 
 
@@ -102,12 +111,12 @@ def test_rice_positions_match_the_numpy_decoder(mean_gap):
     rng = np.random.default_rng(mean_gap % 97)
     gaps = rng.geometric(1 / (mean_gap + 1), 2_000) - 1
     positions = np.cumsum(gaps + 1) - 1
-    unary, remainders = codec._rice_encode(positions)
+    unary, remainders = _sections._rice_encode(positions)
     k = unary[0]
     got = _kernels.rice_positions(np.frombuffer(unary[1:], np.uint8),
                                   np.frombuffer(remainders, np.uint8), k, positions.size)
     assert np.array_equal(got, positions)
-    assert np.array_equal(codec._rice_decode(memoryview(unary), memoryview(remainders),
+    assert np.array_equal(_sections._rice_decode(memoryview(unary), memoryview(remainders),
                                              positions.size), positions)
 
 
@@ -116,7 +125,7 @@ def _forged(size: int, scheme: str, positions_part: list[bytes], n: int) -> byte
     """A one-tensor bf16 delta from a zero tensor with these position sections and n values of
     +1 unit, framed with a valid hash (a buggy or hostile sender)."""
     old = np.zeros(n, np.uint16)
-    values = codec._values_encode(old, old + 1)
+    values = _sections._values_encode(old, old + 1)
     entry = {"name": "w", "dtype": "torch.bfloat16", "shape": [size], "itemsize": 2,
              "scheme": scheme, "changed": n, "positions": sum(map(len, positions_part)),
              "values": len(values), "sections": [*map(len, positions_part), len(values)]}
@@ -129,7 +138,7 @@ def _forged(size: int, scheme: str, positions_part: list[bytes], n: int) -> byte
 def _bitmap(size_bits: int, set_at: list[int]) -> list[bytes]:
     mask = np.zeros(size_bits, bool)
     mask[set_at] = True
-    return [codec._zstd(np.packbits(mask).tobytes())]
+    return [_sections._zstd(np.packbits(mask).tobytes())]
 
 
 @pytest.mark.parametrize("case,message", [
@@ -150,8 +159,8 @@ def test_positions_that_do_not_fit_are_refused_before_anything_is_written(case, 
         "bit past the end": lambda: _forged(size, "bitmap", _bitmap(64, [3, 62]), 2),
         "fewer bits than values": lambda: _forged(size, "bitmap", _bitmap(64, [3]), 2),
         "more bits than values": lambda: _forged(size, "bitmap", _bitmap(64, [3, 4, 5]), 2),
-        "rice past the end": lambda: _forged(size, "rice", codec._rice_encode(np.array([3, 90])),
-                                             2),
+        "rice past the end": lambda: _forged(
+            size, "rice", _sections._rice_encode(np.array([3, 90])), 2),
         "rice k too large": lambda: _forged(size, "rice", [bytes([41, 0xFF]), bytes(16)], 2),
         "rice remainders cut": lambda: _forged(size, "rice", [bytes([8, 0xC0]), b"\x01"], 2),
     }[case]()
@@ -195,8 +204,8 @@ def test_a_mirror_warms_the_loops_when_it_takes_its_first_full_snapshot(monkeypa
 def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
     script = (
         "import torch, numpy as np\n"
-        "from astranb.weights import _kernels, codec, encode, decode\n"
-        "codec._COMPILED_WORK = 0\n"
+        "from astranb.weights import _kernels, _sections, encode, decode\n"
+        "_sections._COMPILED_WORK = 0\n"
         "old = {'w': torch.zeros(1000, dtype=torch.bfloat16)}\n"
         "new = {'w': torch.linspace(0, 1, 1000).bfloat16()}\n"
         "out = decode(old, encode(old, new))\n"

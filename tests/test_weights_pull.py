@@ -20,7 +20,7 @@ from astranb.errors import ServiceError, ServiceUnavailable
 from astranb.remote.client import TrainerClient, get_octets
 from astranb.services import rollout_app, rollout_bodies, trainer_app
 from astranb.services.http import ServiceConfig, install, octets
-from astranb.weights import CorruptPayload, Mirror, checksum, codec, peek
+from astranb.weights import CorruptPayload, Mirror, _sections, checksum, codec, peek
 from astranb.weights.store import WeightStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -350,9 +350,9 @@ def test_fixed_width_fields_match_bit_by_bit_unpacking(k):
         values = rng.integers(0, 1 << k, size=n, dtype=np.int64)
         shifts = np.arange(k - 1, -1, -1, dtype=np.int64)
         packed = np.packbits(((values[:, None] >> shifts) & 1).astype(np.uint8)).tobytes()
-        assert np.array_equal(codec._fixed_width(memoryview(packed), n, k), values)
+        assert np.array_equal(_sections._fixed_width(memoryview(packed), n, k), values)
         with pytest.raises(CorruptPayload):
-            codec._fixed_width(memoryview(packed[:-1]), n + 8, k)
+            _sections._fixed_width(memoryview(packed[:-1]), n + 8, k)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 5, 6, 7, 8, 9, 12, 16, 23, 33, 40])
@@ -360,19 +360,19 @@ def test_rice_positions_round_trip_for_every_parameter(k, monkeypatch):
     rng = np.random.default_rng(k)
     gaps = rng.geometric(1 / max(2.0, 1.5 * 2.0 ** min(k, 20)), size=5000) - 1
     positions = np.cumsum(gaps + 1) - 1
-    monkeypatch.setattr(codec, "_rice_parameter", lambda g: k)
-    unary, remainders = codec._rice_encode(positions)
+    monkeypatch.setattr(_sections, "_rice_parameter", lambda g: k)
+    unary, remainders = _sections._rice_encode(positions)
     assert unary[0] == k
-    decoded = codec._rice_decode(memoryview(unary), memoryview(remainders), positions.size)
+    decoded = _sections._rice_decode(memoryview(unary), memoryview(remainders), positions.size)
     assert np.array_equal(decoded, positions)
     with pytest.raises(CorruptPayload):
-        codec._rice_decode(memoryview(unary), memoryview(remainders), positions.size + 1)
-    assert codec._rice_decode(memoryview(unary), memoryview(remainders), 0).size == 0
+        _sections._rice_decode(memoryview(unary), memoryview(remainders), positions.size + 1)
+    assert _sections._rice_decode(memoryview(unary), memoryview(remainders), 0).size == 0
 
 
 def test_a_payload_decoded_on_several_threads_is_bit_exact_and_fails_as_on_one(monkeypatch):
-    monkeypatch.setattr(codec, "_cpus", lambda: 4)
-    monkeypatch.setattr(codec, "_PARALLEL_WORK", 1)
+    monkeypatch.setattr(_sections, "_cpus", lambda: 4)
+    monkeypatch.setattr(_sections, "_PARALLEL_WORK", 1)
     store = published_store()
     full, delta = store.pull_full(), store.pull(0, checksum(weights(0)))
     tensors = codec.decode(None, full)

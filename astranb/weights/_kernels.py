@@ -1,9 +1,9 @@
 """Compiled inner loops of the delta decoder: positions and values applied in one pass.
 
-The numpy decoder in codec.py takes ~8 passes over a delta's changes (unpack the bitmap, find
+The numpy decoder in _sections.py takes ~8 passes over a delta's changes (unpack the bitmap, find
 its set bits, gather the old values, undo the zig-zag map, add, scatter back...), ~8 ns per
 changed element on one core. These loops do the same in one pass each, ~2-3 ns, compiled by numba
-when it is installed (it is a dependency; without it codec.py keeps its numpy path, which gives
+when it is installed (it is a dependency; without it _sections.py keeps its numpy path, which gives
 the same bits). Nothing here reads outside its arrays: every position is checked against the
 tensor before it is written, so a payload that hashes correctly but decodes to positions out of
 range (a sender bug, or a hostile sender) raises instead of writing elsewhere.

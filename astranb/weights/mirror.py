@@ -7,17 +7,8 @@ from collections.abc import Mapping
 import torch
 
 from . import _kernels
-from .codec import (
-    _COMPILED_WORK,
-    BaseMismatch,
-    CorruptPayload,
-    Header,
-    _apply,
-    _bits,
-    _decode,
-    _open,
-    checksum,
-)
+from ._sections import _COMPILED_WORK, _bits
+from .codec import BaseMismatch, CorruptPayload, Header, _apply, _decode, _open, checksum
 
 __all__ = ["Mirror"]
 
