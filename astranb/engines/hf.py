@@ -37,6 +37,7 @@ from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
+from ._outbox import LoopFuture, Outbox
 from ._text import Bounded, TextCache
 from .base import MirroredWeights, settle
 
@@ -124,7 +125,7 @@ class HFEngine(MirroredWeights):
         self._thread: threading.Thread | None = None
         self._steps = self._tokens = 0
         self._busy = 0.0
-        self._outbox = _Outbox()  # worker thread only
+        self._outbox = Outbox()  # worker thread only
         self._sleeping = False  # the worker waits on _cv for work (read and set under _cv)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -182,12 +183,12 @@ class HFEngine(MirroredWeights):
 
         Awaited on an event loop, the request is answered through that loop directly: the worker
         hands every request finished in one decode step to the loop in a single callback
-        (`_Outbox`), instead of a thread-safe Future and a loop wake-up per request.
+        (`Outbox`), instead of a thread-safe Future and a loop wake-up per request.
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         future.add_done_callback(self._on_done)
-        self._enqueue(request, _LoopFuture(future, self._outbox))
+        self._enqueue(request, LoopFuture(future, self._outbox))
         return await future
 
     def _enqueue(self, request: GenerationRequest, future: Any) -> None:
@@ -529,61 +530,6 @@ class HFEngine(MirroredWeights):
         for future in pending:
             settle(future, exc=exc)
         self._outbox.flush()
-
-
-class _Outbox:
-    """Answers for requests awaited on event loops, handed over once per decode step.
-
-    Worker thread only: `post` collects (future, result, error) per loop; `flush` schedules one
-    callback per loop that resolves them all on that loop's thread.
-    """
-
-    def __init__(self) -> None:
-        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple]] = {}
-
-    def post(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any,
-             exc: BaseException | None) -> None:
-        self._by_loop.setdefault(loop, []).append((future, result, exc))
-
-    def flush(self) -> None:
-        if not self._by_loop:
-            return
-        by_loop, self._by_loop = self._by_loop, {}
-        for loop, answers in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_resolve, answers)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-
-
-def _resolve(answers: list[tuple]) -> None:
-    """On the loop's thread: resolve each future unless its task was cancelled meanwhile."""
-    for future, result, exc in answers:
-        if future.done():
-            continue
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-
-class _LoopFuture:
-    """Worker-side handle of a request awaited on an event loop: the `Future` methods the worker
-    uses (`cancelled`, `set_result`, `set_exception`), answered through an `_Outbox`."""
-
-    __slots__ = ("future", "loop", "outbox")
-
-    def __init__(self, future: asyncio.Future, outbox: _Outbox) -> None:
-        self.future, self.loop, self.outbox = future, future.get_loop(), outbox
-
-    def cancelled(self) -> bool:
-        return self.future.cancelled()
-
-    def set_result(self, result: Any) -> None:
-        self.outbox.post(self.loop, self.future, result, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.outbox.post(self.loop, self.future, None, exc)
 
 
 def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
