@@ -106,18 +106,32 @@ def test_both_schemes_and_both_value_modes_are_exercised():
     assert seen == {("rice", "d"), ("rice", "r"), ("bitmap", "d"), ("bitmap", "r")}
 
 
-@pytest.mark.parametrize("mean_gap", [0, 1, 3, 100, 5_000, 2**33])
-def test_rice_positions_match_the_numpy_decoder(mean_gap):
-    rng = np.random.default_rng(mean_gap % 97)
-    gaps = rng.geometric(1 / (mean_gap + 1), 2_000) - 1
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 5, 6, 7, 8, 9, 12, 16, 23, 33, 40])
+def test_the_rice_loops_agree_with_the_numpy_decoder(k, monkeypatch):
+    """rice_last finds the numpy decoder's last position from its two sums (and refuses one too
+    many codes or a tensor one element short); apply_rice writes exactly at its positions."""
+    rng = np.random.default_rng(k)
+    gaps = rng.geometric(1 / max(2.0, 1.5 * 2.0 ** min(k, 20)), size=3001) - 1
     positions = np.cumsum(gaps + 1) - 1
-    unary, remainders = _sections._rice_encode(positions)
-    k = unary[0]
-    got = _kernels.rice_positions(np.frombuffer(unary[1:], np.uint8),
-                                  np.frombuffer(remainders, np.uint8), k, positions.size)
-    assert np.array_equal(got, positions)
-    assert np.array_equal(_sections._rice_decode(memoryview(unary), memoryview(remainders),
-                                             positions.size), positions)
+    monkeypatch.setattr(_sections, "_rice_parameter", lambda g: k)
+    unary_part, remainders = _sections._rice_encode(positions)
+    unary, rem = np.frombuffer(unary_part[1:], np.uint8), np.frombuffer(remainders, np.uint8)
+    last, n = int(positions[-1]), positions.size
+    assert np.array_equal(_sections._rice_decode(memoryview(unary_part), memoryview(remainders),
+                                                 n), positions)
+    assert _kernels.rice_last(unary, rem, k, n, last + 1) == last
+    assert _kernels.rice_last(unary, rem, k, n - 1000, last + 1) == positions[-1001]
+    assert _kernels.rice_last(unary, rem, k, n, last) == -1  # one element short
+    assert _kernels.rice_last(unary, rem, k, n + 1, 1 << 62) == -1  # one code too many
+    if last < 20_000_000:
+        bits = np.zeros(last + 1, np.uint16)
+        planes = np.stack([np.arange(n) % 251 + 1, np.zeros(n)]).astype(np.uint8)
+        assert _kernels.apply_rice(unary, rem, k, planes, bits, False) == n
+        expected = np.zeros(last + 1, np.uint16)
+        expected[positions] = planes[0]
+        assert np.array_equal(bits, expected)
+        assert _kernels.apply_rice(unary, rem, k, planes, bits[:-1], False) == -1
+        assert np.array_equal(bits, expected)  # refused whole: nothing written
 
 
 # -- hostile payloads: a valid hash around positions that do not fit ------------------------------
@@ -146,6 +160,7 @@ def _bitmap(size_bits: int, set_at: list[int]) -> list[bytes]:
     ("fewer bits than values", "positions do not decode"),
     ("more bits than values", "positions do not decode"),
     ("rice past the end", "positions do not decode"),
+    ("rice fewer codes than values", "positions do not decode|position stream holds 1 codes"),
     ("rice k too large", "Rice parameter 41 is out of range"),
     ("rice remainders cut", "remainder stream too short"),
 ])
@@ -161,6 +176,8 @@ def test_positions_that_do_not_fit_are_refused_before_anything_is_written(case, 
         "more bits than values": lambda: _forged(size, "bitmap", _bitmap(64, [3, 4, 5]), 2),
         "rice past the end": lambda: _forged(
             size, "rice", _sections._rice_encode(np.array([3, 90])), 2),
+        "rice fewer codes than values": lambda: _forged(
+            size, "rice", _sections._rice_encode(np.array([3])), 2),
         "rice k too large": lambda: _forged(size, "rice", [bytes([41, 0xFF]), bytes(16)], 2),
         "rice remainders cut": lambda: _forged(size, "rice", [bytes([8, 0xC0]), b"\x01"], 2),
     }[case]()
@@ -181,9 +198,13 @@ def test_the_loops_never_write_outside_the_tensor():
     assert _kernels.apply_bitmap(words, planes, bits, True) == -1
     assert buffer[70:].tolist() == [0] * 10
     assert bits[1] == bits[2] == np.uint16(-129 % 65536)  # before the bad one: applied
-    assert _kernels.apply_at(np.array([4, -1, 5]), np.ones(3, np.uint16), bits, False) == -1
-    assert _kernels.apply_at(np.array([6, 70]), np.ones(2, np.uint16), bits, False) == -1
-    assert bits[4] == bits[6] == 1 and bits[5] == 0 and buffer[70:].tolist() == [0] * 10
+    # a Rice stream to 4, 6 and 75, past rice_last's check (called on the loop itself)
+    unary_part, remainders = _sections._rice_encode(np.array([4, 6, 75]))
+    k = unary_part[0]
+    unary = _kernels.big_endian_words(np.frombuffer(unary_part[1:], np.uint8))
+    rem = np.append(_kernels.big_endian_words(np.frombuffer(remainders, np.uint8)), np.uint64(0))
+    assert _kernels._loops.apply_rice(unary, rem, k, planes, bits, False) == -1
+    assert bits[4] == bits[6] == 0x0101 and bits[5] == 0 and buffer[70:].tolist() == [0] * 10
 
 
 # -- warm-up and the switch ------------------------------------------------------------------------

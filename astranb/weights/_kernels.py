@@ -1,23 +1,27 @@
 """Compiled inner loops of the delta decoder: positions and values applied in one pass.
 
-The numpy decoder in _sections.py takes ~8 passes over a delta's changes (unpack the bitmap, find
-its set bits, gather the old values, undo the zig-zag map, add, scatter back...), ~8 ns per
-changed element on one core. These loops do the same in one pass each, ~2-3 ns, compiled by numba
-when it is installed (it is a dependency; without it _sections.py keeps its numpy path, which gives
-the same bits). Nothing here reads outside its arrays: every position is checked against the
-tensor before it is written, so a payload that hashes correctly but decodes to positions out of
-range (a sender bug, or a hostile sender) raises instead of writing elsewhere.
+The numpy decoder in _sections.py takes ~8 passes over a delta's changes (decode the positions
+into an array, gather the old values, undo the zig-zag map, add, scatter back...), ~8 ns per
+changed element on one core. These loops walk the positions and write each value as they go, ~2-3
+ns, compiled by numba when it is installed (it is a dependency; without it _sections.py keeps its
+numpy path, which gives the same bits). Nothing here reads outside its arrays or writes outside
+the tensor: a payload that hashes correctly but whose positions do not fit (a sender bug, or a
+hostile sender) is refused before anything is written, and the loops themselves stop at a
+position outside the tensor.
 
     bitmap section (zstd'ed packbits, MSB first)     rice sections (unary quotients, remainders)
             |                                                 |
-     words_u64 (big-endian 64-bit words)             positions_i64 = rice_positions(...)
+     words_u64 (big-endian 64-bit words)          rice_last(...): the last position, from two
+            |                                     sums (no decoding); past the tensor: refused
             |                                                 |
-     apply_bitmap(words_u64, planes_u8, bits, diff)   apply_at(positions_i64, values, bits, diff)
-            \\_________________ bits[p] += unzigzag(v)  or  bits[p] = v ________________/
+     apply_bitmap(words_u64, planes_u8, bits, diff)    apply_rice(unary, rem, k, planes_u8, ...)
+            \\_______________ bits[p] += unzigzag(v)  or  bits[p] = v ______________/
 
 The value stream carries, per change, either the zig-zag mapped difference of the bit patterns
 (diff=True: added modulo 2^bits) or the new bits (diff=False); `planes_u8` is it as decompressed
-(itemsize x n byte planes), `values` the same reassembled in the tensor's unsigned dtype.
+(itemsize x n byte planes). A bitmap's positions are checked by its popcount and the bits past the
+tensor (in _sections.py); a Rice stream's by its last position: positions only grow, so the last
+inside the tensor means all are.
 
 Loading numba and its cached machine code takes ~0.6 s the first time in a process (compiling,
 ~1 s, happens once per machine). `warm()` does it on a background thread: a Mirror calls it when
@@ -33,8 +37,7 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["available", "warm", "apply_bitmap", "apply_at", "rice_positions",
-           "big_endian_words"]
+__all__ = ["available", "warm", "apply_bitmap", "apply_rice", "rice_last", "big_endian_words"]
 
 _loops: ModuleType | None = None  # astranb.weights._loops, once _load() has imported it
 _loaded = False
@@ -79,8 +82,7 @@ def _exercise(dtype: np.dtype) -> None:
     bits = np.zeros(64, dtype=dtype)
     planes = np.ones((dtype.itemsize, 1), dtype=np.uint8)
     apply_bitmap(big_endian_words(np.array([128], dtype=np.uint8)), planes, bits, True)
-    apply_at(np.zeros(1, dtype=np.int64), bits[:1].copy(), bits, False)
-    rice_positions(np.array([128], dtype=np.uint8), np.zeros(1, dtype=np.uint8), 1, 1)
+    apply_rice(np.array([128], dtype=np.uint8), np.zeros(1, dtype=np.uint8), 1, planes, bits, False)
 
 
 def big_endian_words(packed_u8: np.ndarray) -> np.ndarray:
@@ -92,9 +94,7 @@ def big_endian_words(packed_u8: np.ndarray) -> np.ndarray:
     return padded.view(">u8").astype(np.uint64)
 
 
-# -- loops -----------------------------------------------------------------------------------------
-# Return value: the number of changes applied, or -1 when a position falls outside the tensor
-# (nothing at or past that position was written).
+# -- loading ---------------------------------------------------------------------------------------
 def _load() -> None:
     global _loops, _loaded
     with _load_lock:
@@ -118,18 +118,23 @@ def apply_bitmap(words_u64: np.ndarray, planes_u8: np.ndarray, bits: np.ndarray,
     return int(_loops.apply_bitmap(words_u64, planes_u8, bits, diff))
 
 
-def apply_at(positions_i64: np.ndarray, values: np.ndarray, bits: np.ndarray, diff: bool) -> int:
-    """Write values at the given positions (see the module's docstring)."""
+def rice_last(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, n: int, size: int) -> int:
+    """The last of the first n positions of a Rice-coded gap stream, without decoding the others;
+    -1 when the stream holds fewer than n codes or that position is not below `size`."""
     assert _loops is not None, "call available() first"
-    return int(_loops.apply_at(positions_i64, values, bits, diff))
+    return int(_loops.rice_last(big_endian_words(unary_u8), rem_u8, k, n, size))
 
 
-def rice_positions(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, n: int) -> np.ndarray:
-    """The first n positions of a Rice-coded gap stream (fewer when the stream holds fewer)."""
-    out = np.empty(n, dtype=np.int64)
-    need = -(-n * k // 8) + 8
-    rem = np.zeros(max(need, rem_u8.size + 8), dtype=np.uint8)
-    rem[: rem_u8.size] = rem_u8
+def apply_rice(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, planes_u8: np.ndarray,
+               bits: np.ndarray, diff: bool) -> int:
+    """Write values at the positions of a Rice-coded gap stream (n = the planes' length), after
+    rice_last has shown they all fit: -1, and nothing written, when they do not."""
     assert _loops is not None, "call available() first"
-    found = int(_loops.rice_positions(big_endian_words(unary_u8), rem, k, n, out))
-    return out[:found]
+    n = planes_u8.shape[1]
+    if n == 0:
+        return 0
+    words = big_endian_words(unary_u8)
+    if _loops.rice_last(words, rem_u8, k, n, bits.size) < 0:
+        return -1
+    rem_words = np.append(big_endian_words(rem_u8), np.uint64(0))  # a spare word to read past
+    return int(_loops.apply_rice(words, rem_words, k, planes_u8, bits, diff))

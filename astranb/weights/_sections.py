@@ -88,12 +88,10 @@ def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.nda
     n = entry["changed"]
     planes, diff = _value_planes(parts[-1], bits.dtype, n)
     if entry["scheme"] == "rice":
-        values = _unplanes(planes, bits.dtype, n)
         unary, k = _rice_header(parts[0])
         remainders = _packed_fields(parts[1], n, k)
-        idx = _kernels.rice_positions(unary, remainders, k, n)
-        _check_positions(entry, idx, bits.size)
-        _kernels.apply_at(idx, values, bits, diff)
+        if _kernels.apply_rice(unary, remainders, k, planes, bits, diff) != n:
+            raise _bad_positions(entry)  # refused before the first write (rice_last)
         return
     packed = _bitmap_bytes(parts[0], bits.size)
     words = _kernels.big_endian_words(packed)
