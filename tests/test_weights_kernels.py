@@ -108,8 +108,8 @@ def test_both_schemes_and_both_value_modes_are_exercised():
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 5, 6, 7, 8, 9, 12, 16, 23, 33, 40])
 def test_the_rice_loops_agree_with_the_numpy_decoder(k, monkeypatch):
-    """rice_last finds the numpy decoder's last position from its two sums (and refuses one too
-    many codes or a tensor one element short); apply_rice writes exactly at its positions."""
+    """apply_rice writes exactly at the numpy decoder's positions, and refuses (writing nothing)
+    a tensor one element short or one code more than the stream holds."""
     rng = np.random.default_rng(k)
     gaps = rng.geometric(1 / max(2.0, 1.5 * 2.0 ** min(k, 20)), size=3001) - 1
     positions = np.cumsum(gaps + 1) - 1
@@ -119,10 +119,6 @@ def test_the_rice_loops_agree_with_the_numpy_decoder(k, monkeypatch):
     last, n = int(positions[-1]), positions.size
     assert np.array_equal(_sections._rice_decode(memoryview(unary_part), memoryview(remainders),
                                                  n), positions)
-    assert _kernels.rice_last(unary, rem, k, n, last + 1) == last
-    assert _kernels.rice_last(unary, rem, k, n - 1000, last + 1) == positions[-1001]
-    assert _kernels.rice_last(unary, rem, k, n, last) == -1  # one element short
-    assert _kernels.rice_last(unary, rem, k, n + 1, 1 << 62) == -1  # one code too many
     if last < 20_000_000:
         bits = np.zeros(last + 1, np.uint16)
         planes = np.stack([np.arange(n) % 251 + 1, np.zeros(n)]).astype(np.uint8)
@@ -132,6 +128,11 @@ def test_the_rice_loops_agree_with_the_numpy_decoder(k, monkeypatch):
         assert np.array_equal(bits, expected)
         assert _kernels.apply_rice(unary, rem, k, planes, bits[:-1], False) == -1
         assert np.array_equal(bits, expected)  # refused whole: nothing written
+        more = np.concatenate([planes, planes[:, :1]], axis=1)  # one value more than codes
+        assert _kernels.apply_rice(unary, rem, k, more, np.zeros(last + 1, np.uint16), False) == -1
+    else:  # too far apart to allocate: a tensor too short by one is still refused
+        planes = np.ones((2, n), np.uint8)
+        assert _kernels.apply_rice(unary, rem, k, planes, np.zeros(1000, np.uint16), False) == -1
 
 
 # -- hostile payloads: a valid hash around positions that do not fit ------------------------------
@@ -198,13 +199,12 @@ def test_the_loops_never_write_outside_the_tensor():
     assert _kernels.apply_bitmap(words, planes, bits, True) == -1
     assert buffer[70:].tolist() == [0] * 10
     assert bits[1] == bits[2] == np.uint16(-129 % 65536)  # before the bad one: applied
-    # a Rice stream to 4, 6 and 75, past rice_last's check (called on the loop itself)
+    # a Rice stream to 4, 6 and 75: refused before any of them is written
     unary_part, remainders = _sections._rice_encode(np.array([4, 6, 75]))
-    k = unary_part[0]
-    unary = _kernels.big_endian_words(np.frombuffer(unary_part[1:], np.uint8))
-    rem = np.append(_kernels.big_endian_words(np.frombuffer(remainders, np.uint8)), np.uint64(0))
-    assert _kernels._loops.apply_rice(unary, rem, k, planes, bits, False) == -1
-    assert bits[4] == bits[6] == 0x0101 and bits[5] == 0 and buffer[70:].tolist() == [0] * 10
+    unary, rem = np.frombuffer(unary_part[1:], np.uint8), np.frombuffer(remainders, np.uint8)
+    bits[:] = 0
+    assert _kernels.apply_rice(unary, rem, unary_part[0], planes, bits, False) == -1
+    assert not bits.any() and buffer[70:].tolist() == [0] * 10
 
 
 # -- warm-up and the switch ------------------------------------------------------------------------

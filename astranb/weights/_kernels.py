@@ -1,27 +1,28 @@
-"""Compiled inner loops of the delta decoder: positions and values applied in one pass.
+"""Compiled inner loops of the delta decoder: positions and values applied in one or two passes.
 
-The numpy decoder in _sections.py takes ~8 passes over a delta's changes (decode the positions
-into an array, gather the old values, undo the zig-zag map, add, scatter back...), ~8 ns per
-changed element on one core. These loops walk the positions and write each value as they go, ~2-3
-ns, compiled by numba when it is installed (it is a dependency; without it _sections.py keeps its
-numpy path, which gives the same bits). Nothing here reads outside its arrays or writes outside
-the tensor: a payload that hashes correctly but whose positions do not fit (a sender bug, or a
-hostile sender) is refused before anything is written, and the loops themselves stop at a
-position outside the tensor.
+The numpy decoder in _sections.py takes ~8 passes over a delta's changes (decode the positions into
+an array, gather the old values, undo the zig-zag map, add, scatter back...), ~8 ns per changed
+element on one core. These loops do it in one or two passes, ~2-4 ns, compiled by numba when it is
+installed (it is a dependency; without it _sections.py keeps its numpy path, which gives the same
+bits). Nothing here reads outside its arrays or writes outside the tensor: a payload that hashes
+correctly but whose positions do not fit (a sender bug, or a hostile sender) is refused before
+anything is written, and the loops themselves stop at a position outside the tensor.
 
     bitmap section (zstd'ed packbits, MSB first)     rice sections (unary quotients, remainders)
             |                                                 |
-     words_u64 (big-endian 64-bit words)          rice_last(...): the last position, from two
-            |                                     sums (no decoding); past the tensor: refused
-            |                                                 |
-     apply_bitmap(words_u64, planes_u8, bits, diff)    apply_rice(unary, rem, k, planes_u8, ...)
+     words_u64 (big-endian 64-bit words)          apply_rice: 1. every position into an array;
+            |                                     fewer than n, or the last past the tensor:
+            |                                     refused. 2. the values, at those positions
+     apply_bitmap(words_u64, planes_u8, bits, diff)                   |
             \\_______________ bits[p] += unzigzag(v)  or  bits[p] = v ______________/
 
 The value stream carries, per change, either the zig-zag mapped difference of the bit patterns
 (diff=True: added modulo 2^bits) or the new bits (diff=False); `planes_u8` is it as decompressed
 (itemsize x n byte planes). A bitmap's positions are checked by its popcount and the bits past the
-tensor (in _sections.py); a Rice stream's by its last position: positions only grow, so the last
-inside the tensor means all are.
+tensor (in _sections.py); a Rice stream's by their count and the last of them: positions only
+grow, so the last inside the tensor means all are. The bitmap loop writes as it walks (at the
+densities where a bitmap is chosen, >~15 %, that is quickest); the Rice loop decodes first and
+writes in a loop of its own, where the CPU overlaps the scattered loads and stores.
 
 Loading numba and its cached machine code takes ~0.6 s the first time in a process (compiling,
 ~1 s, happens once per machine). `warm()` does it on a background thread: a Mirror calls it when
@@ -37,7 +38,7 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["available", "warm", "apply_bitmap", "apply_rice", "rice_last", "big_endian_words"]
+__all__ = ["available", "warm", "apply_bitmap", "apply_rice", "big_endian_words"]
 
 _loops: ModuleType | None = None  # astranb.weights._loops, once _load() has imported it
 _loaded = False
@@ -118,23 +119,14 @@ def apply_bitmap(words_u64: np.ndarray, planes_u8: np.ndarray, bits: np.ndarray,
     return int(_loops.apply_bitmap(words_u64, planes_u8, bits, diff))
 
 
-def rice_last(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, n: int, size: int) -> int:
-    """The last of the first n positions of a Rice-coded gap stream, without decoding the others;
-    -1 when the stream holds fewer than n codes or that position is not below `size`."""
-    assert _loops is not None, "call available() first"
-    return int(_loops.rice_last(big_endian_words(unary_u8), rem_u8, k, n, size))
-
-
 def apply_rice(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, planes_u8: np.ndarray,
                bits: np.ndarray, diff: bool) -> int:
-    """Write values at the positions of a Rice-coded gap stream (n = the planes' length), after
-    rice_last has shown they all fit: -1, and nothing written, when they do not."""
+    """Write values at the positions of a Rice-coded gap stream (n = the planes' length; the
+    remainder stream holds n k-bit fields, which the caller checked): -1, and nothing written,
+    when the stream holds fewer than n positions or they do not all fit in the tensor."""
     assert _loops is not None, "call available() first"
     n = planes_u8.shape[1]
-    if n == 0:
-        return 0
-    words = big_endian_words(unary_u8)
-    if _loops.rice_last(words, rem_u8, k, n, bits.size) < 0:
-        return -1
     rem_words = np.append(big_endian_words(rem_u8), np.uint64(0))  # a spare word to read past
-    return int(_loops.apply_rice(words, rem_words, k, planes_u8, bits, diff))
+    positions = np.empty(n, dtype=np.int64)
+    return int(_loops.apply_rice(big_endian_words(unary_u8), rem_words, k, planes_u8, bits, diff,
+                                 positions))
