@@ -156,12 +156,21 @@ def _bitmap(size_bits: int, set_at: list[int]) -> list[bytes]:
     return [_sections._zstd(np.packbits(mask).tobytes())]
 
 
+def _wrapping_rice() -> list[bytes]:
+    """Three Rice codes (k = 40) at positions 0, 2^63 + 1 and 2^64 + 2: in int64 the second
+    wraps to a negative number and the third back to 2, so the first and last look fine."""
+    unary = np.zeros(2 * (1 << 23) + 3, np.uint8)
+    unary[[0, (1 << 23) + 1, 2 * (1 << 23) + 2]] = 1
+    return [bytes([40]) + np.packbits(unary).tobytes(), bytes(15)]
+
+
 @pytest.mark.parametrize("case,message", [
     ("bit past the end", "positions do not decode"),
     ("fewer bits than values", "positions do not decode"),
     ("more bits than values", "positions do not decode"),
     ("rice past the end", "positions do not decode"),
     ("rice fewer codes than values", "positions do not decode|position stream holds 1 codes"),
+    ("rice positions wrap around", "positions do not decode"),
     ("rice k too large", "Rice parameter 41 is out of range"),
     ("rice remainders cut", "remainder stream too short"),
 ])
@@ -179,6 +188,7 @@ def test_positions_that_do_not_fit_are_refused_before_anything_is_written(case, 
             size, "rice", _sections._rice_encode(np.array([3, 90])), 2),
         "rice fewer codes than values": lambda: _forged(
             size, "rice", _sections._rice_encode(np.array([3])), 2),
+        "rice positions wrap around": lambda: _forged(size, "rice", _wrapping_rice(), 3),
         "rice k too large": lambda: _forged(size, "rice", [bytes([41, 0xFF]), bytes(16)], 2),
         "rice remainders cut": lambda: _forged(size, "rice", [bytes([8, 0xC0]), b"\x01"], 2),
     }[case]()

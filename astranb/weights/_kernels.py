@@ -19,10 +19,10 @@ anything is written, and the loops themselves stop at a position outside the ten
 The value stream carries, per change, either the zig-zag mapped difference of the bit patterns
 (diff=True: added modulo 2^bits) or the new bits (diff=False); `planes_u8` is it as decompressed
 (itemsize x n byte planes). A bitmap's positions are checked by its popcount and the bits past the
-tensor (in _sections.py); a Rice stream's by their count and the last of them: positions only
-grow, so the last inside the tensor means all are. The bitmap loop writes as it walks (at the
-densities where a bitmap is chosen, >~15 %, that is quickest); the Rice loop decodes first and
-writes in a loop of its own, where the CPU overlaps the scattered loads and stores.
+tensor (in _sections.py); a Rice stream's by their count and each one, all decoded before the first
+write. The bitmap loop writes as it walks (at the densities where a bitmap is chosen, >~15 %, that
+is quickest); the Rice loop decodes first and writes in a loop of its own, where the CPU overlaps
+the scattered loads and stores.
 
 Loading numba and its cached machine code takes ~0.6 s the first time in a process (compiling,
 ~1 s, happens once per machine). `warm()` does it on a background thread: a Mirror calls it when
@@ -121,11 +121,13 @@ def apply_bitmap(words_u64: np.ndarray, planes_u8: np.ndarray, bits: np.ndarray,
 
 def apply_rice(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, planes_u8: np.ndarray,
                bits: np.ndarray, diff: bool) -> int:
-    """Write values at the positions of a Rice-coded gap stream (n = the planes' length; the
-    remainder stream holds n k-bit fields, which the caller checked): -1, and nothing written,
-    when the stream holds fewer than n positions or they do not all fit in the tensor."""
+    """Write values at the positions of a Rice-coded gap stream (n = the planes' length): -1, and
+    nothing written, when the streams hold fewer than n codes or a position is not in the
+    tensor."""
     assert _loops is not None, "call available() first"
     n = planes_u8.shape[1]
+    if rem_u8.size * 8 < n * k:
+        return -1
     rem_words = np.append(big_endian_words(rem_u8), np.uint64(0))  # a spare word to read past
     positions = np.empty(n, dtype=np.int64)
     return int(_loops.apply_rice(big_endian_words(unary_u8), rem_words, k, planes_u8, bits, diff,

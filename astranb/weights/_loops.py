@@ -58,11 +58,12 @@ def apply_rice(unary_u64, rem_u64, k, planes_u8, bits, diff, positions_i64):
     # (big-endian words, reversed here so the next one is the lowest set bit); remainders: k bits
     # each, MSB first, as big-endian words with a spare word after them. With b the index of code
     # j's one in the unary stream and `total` the sum of the remainders up to j, position j is
-    # (b - j) 2^k + total + j. Then, only when there are n positions and the last (the largest)
-    # is inside the tensor, the values (as in apply_bitmap): a loop of its own, whose loads and
-    # stores the CPU overlaps far better than inside the decoding loop (~2.5x at 1 % changed).
+    # (b - j) 2^k + total + j. Then, only when there are n positions, all inside the tensor, the
+    # values (as in apply_bitmap): a loop of its own, whose loads and stores the CPU overlaps far
+    # better than inside the decoding loop (~2.5x at 1 % changed). Each position is checked, not
+    # just the last: a hostile stream can make the int64 arithmetic wrap around.
     width, n = planes_u8.shape
-    j, total = 0, np.int64(0)
+    size, j, total = bits.size, 0, np.int64(0)
     one = np.uint64(1)
     top = np.uint64(64 - k) if k else np.uint64(0)
     for i in range(unary_u64.size):
@@ -77,11 +78,14 @@ def apply_rice(unary_u64, rem_u64, k, planes_u8, bits, diff, positions_i64):
                 pair = (rem_u64[at >> 6] << shift) | ((rem_u64[(at >> 6) + 1] >> one)
                                                        >> (np.uint64(63) - shift))
                 total += np.int64(pair >> top)
-            positions_i64[j] = ((b - j) << k) + total + j
+            p = ((b - j) << k) + total + j
+            if p < 0 or p >= size:
+                return -1
+            positions_i64[j] = p
             j += 1
         if j >= n:
             break
-    if j < n or (n and positions_i64[n - 1] >= bits.size):
+    if j < n:
         return -1
     for j in range(n):
         p = positions_i64[j]

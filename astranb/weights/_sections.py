@@ -102,9 +102,10 @@ def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.nda
 
 
 def _check_positions(entry: dict[str, Any], idx: np.ndarray, size: int) -> None:
-    """Decoded (increasing) positions: as many as the entry says, all inside the tensor."""
+    """Decoded positions: as many as the entry says, increasing (a hostile Rice stream can make
+    int64 arithmetic wrap around), so all inside the tensor when the first and last are."""
     n = entry["changed"]
-    if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= size)):
+    if idx.size != n or (n and (idx[0] < 0 or idx[-1] >= size or np.any(idx[1:] <= idx[:-1]))):
         raise _bad_positions(entry)
 
 
