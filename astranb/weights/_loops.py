@@ -23,12 +23,29 @@ def _reverse(w):
     w = ((w >> np.uint64(16)) & _M16) | ((w & _M16) << np.uint64(16))
     return (w >> np.uint64(32)) | (w << np.uint64(32))
 
+
+@njit(inline="always")
+def _write(planes_u8, j, bits, p, diff):
+    """Change j: its value from the byte planes, added to bits[p] as an unzigzagged difference
+    (diff) or stored as the new bits."""
+    width = planes_u8.shape[0]
+    one = np.uint64(1)
+    v = np.uint64(planes_u8[0, j])
+    if width == 2:  # bf16 and fp16: the common case, unrolled
+        v |= np.uint64(planes_u8[1, j]) << np.uint64(8)
+    else:
+        for b in range(1, width):
+            v |= np.uint64(planes_u8[b, j]) << np.uint64(8 * b)
+    if diff:
+        bits[p] = np.uint64(bits[p]) + ((v >> one) ^ (np.uint64(0) - (v & one)))
+    else:
+        bits[p] = v
+
+
 # cache=True: compiled once per machine into __pycache__ (or numba's user cache directory)
-
-
 @njit(nogil=True, cache=True)
 def apply_bitmap(words_u64, planes_u8, bits, diff):
-    width, n = planes_u8.shape
+    n = planes_u8.shape[1]
     size, j = bits.size, 0
     one = np.uint64(1)
     for i in range(words_u64.size):
@@ -39,18 +56,10 @@ def apply_bitmap(words_u64, planes_u8, bits, diff):
             w &= w - one
             if j >= n or p >= size:
                 return -1
-            v = np.uint64(planes_u8[0, j])
-            if width == 2:  # bf16 and fp16: the common case, unrolled
-                v |= np.uint64(planes_u8[1, j]) << np.uint64(8)
-            else:
-                for b in range(1, width):
-                    v |= np.uint64(planes_u8[b, j]) << np.uint64(8 * b)
-            if diff:
-                bits[p] = np.uint64(bits[p]) + ((v >> one) ^ (np.uint64(0) - (v & one)))
-            else:
-                bits[p] = v
+            _write(planes_u8, j, bits, p, diff)
             j += 1
     return j
+
 
 @njit(nogil=True, cache=True)
 def apply_rice(unary_u64, rem_u64, k, planes_u8, bits, diff, positions_i64):
@@ -62,7 +71,7 @@ def apply_rice(unary_u64, rem_u64, k, planes_u8, bits, diff, positions_i64):
     # values (as in apply_bitmap): a loop of its own, whose loads and stores the CPU overlaps far
     # better than inside the decoding loop (~2.5x at 1 % changed). Each position is checked, not
     # just the last: a hostile stream can make the int64 arithmetic wrap around.
-    width, n = planes_u8.shape
+    n = planes_u8.shape[1]
     size, j, total = bits.size, 0, np.int64(0)
     one = np.uint64(1)
     top = np.uint64(64 - k) if k else np.uint64(0)
@@ -88,15 +97,5 @@ def apply_rice(unary_u64, rem_u64, k, planes_u8, bits, diff, positions_i64):
     if j < n:
         return -1
     for j in range(n):
-        p = positions_i64[j]
-        v = np.uint64(planes_u8[0, j])
-        if width == 2:
-            v |= np.uint64(planes_u8[1, j]) << np.uint64(8)
-        else:
-            for c in range(1, width):
-                v |= np.uint64(planes_u8[c, j]) << np.uint64(8 * c)
-        if diff:
-            bits[p] = np.uint64(bits[p]) + ((v >> one) ^ (np.uint64(0) - (v & one)))
-        else:
-            bits[p] = v
+        _write(planes_u8, j, bits, positions_i64[j], diff)
     return n
