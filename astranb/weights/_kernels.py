@@ -86,10 +86,10 @@ def _exercise(dtype: np.dtype) -> None:
     apply_rice(np.array([128], dtype=np.uint8), np.zeros(1, dtype=np.uint8), 1, planes, bits, False)
 
 
-def big_endian_words(packed_u8: np.ndarray) -> np.ndarray:
+def big_endian_words(packed_u8: np.ndarray, spare: int = 0) -> np.ndarray:
     """Bytes as 64-bit words whose most significant bit is the first bit (packbits' order),
-    zero-padded to a whole word."""
-    words = -(-packed_u8.size // 8)
+    zero-padded to a whole word, then `spare` zero words more."""
+    words = -(-packed_u8.size // 8) + spare
     padded = np.zeros(words * 8, dtype=np.uint8)
     padded[: packed_u8.size] = packed_u8
     return padded.view(">u8").astype(np.uint64)
@@ -128,7 +128,7 @@ def apply_rice(unary_u8: np.ndarray, rem_u8: np.ndarray, k: int, planes_u8: np.n
     n = planes_u8.shape[1]
     if rem_u8.size * 8 < n * k:
         return -1
-    rem_words = np.append(big_endian_words(rem_u8), np.uint64(0))  # a spare word to read past
+    rem_words = big_endian_words(rem_u8, spare=1)  # the loop reads one word past a field's start
     positions = np.empty(n, dtype=np.int64)
     return int(_loops.apply_rice(big_endian_words(unary_u8), rem_words, k, planes_u8, bits, diff,
                                  positions))

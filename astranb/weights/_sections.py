@@ -91,7 +91,7 @@ def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.nda
         unary, k = _rice_header(parts[0])
         remainders = _packed_fields(parts[1], n, k)
         if _kernels.apply_rice(unary, remainders, k, planes, bits, diff) != n:
-            raise _bad_positions(entry)  # refused before the first write (rice_last)
+            raise _bad_positions(entry)  # refused before the first write (see _kernels)
         return
     packed = _bitmap_bytes(parts[0], bits.size)
     words = _kernels.big_endian_words(packed)
