@@ -274,5 +274,8 @@ class WeightUpdate:
     """Version these weights are (the trainer's step count after producing them)."""
     state: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Parameter name -> tensor, as the engine's model names them (empty when `payload` is set)."""
-    payload: bytes | None = None
+    payload: bytes | bytearray | None = None
     """Instead of `state`: a weight payload (full snapshot or delta, see astranb.weights)."""
+    prepared: Any = None
+    """Work done on `payload` while it arrived (a weights.Prepared: its hash, inflated sections);
+    engines hand it to `Mirror.apply`, which uses it only for that very buffer."""

@@ -23,7 +23,11 @@
      the same model, each chosen element moved by one unit of its bit pattern (what an optimizer
      step below a few ulps does), served through the same HTTP stack from memory, pulled and
      applied with weights.Mirror, 3 times each, medians. It shows where a delta stops paying on
-     loopback: its apply costs a few ns per changed element, a full snapshot's a copy.
+     loopback: its apply costs a few ns per changed element, a full snapshot's a copy. Every
+     pull reads ahead as a rollout service does (weights.Incoming: the payload hashed and its
+     zstd sections inflated while it arrives); "not ahead" beside it is the same delta without.
+     A second table repeats 5-25 % with the sender paced to a 10 Gb/s link, where the transfer
+     is long enough for the read-ahead to hide the inflating.
 
     .venv/bin/python bench/services.py            # ~3 minutes on 2 shared cores
     .venv/bin/python bench/services.py --quick    # smaller: a smoke test
@@ -54,7 +58,7 @@ from astranb.engines.instant import InstantEngine  # noqa: E402
 from astranb.environments.base import EpisodeContext  # noqa: E402
 from astranb.remote.client import TrainerClient  # noqa: E402
 from astranb.services.http import free_port  # noqa: E402
-from astranb.weights import Mirror  # noqa: E402
+from astranb.weights import Incoming, Mirror  # noqa: E402
 
 
 def start(*args: str) -> tuple[subprocess.Popen, str]:
@@ -165,13 +169,23 @@ while True:
 """
 
 _FILE_SENDER = """
-import sys
+import asyncio, sys, time
 from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from starlette.responses import Response
 from astranb.services.http import ServiceConfig, install, octets
 blobs = {p.stem: p.read_bytes() for p in Path(sys.argv[1]).glob("*.bin")}
+rate = float(sys.argv[2])  # bytes/s of a slower link, paced in 256 KB slices; 0: loopback's own
 app = install(FastAPI(), ServiceConfig())
+class Paced(Response):
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        view, started = memoryview(self.body), time.perf_counter()
+        for at in range(0, len(view), 1 << 18):
+            await send({"type": "http.response.body", "body": bytes(view[at:at + (1 << 18)]),
+                        "more_body": at + (1 << 18) < len(view)})
+            await asyncio.sleep(max(0.0, started + (at + (1 << 18)) / rate - time.perf_counter()))
 @app.get("/health")
 async def health():
     return {"ok": True}
@@ -179,8 +193,10 @@ async def health():
 async def blob(name: str):
     if name not in blobs:
         raise HTTPException(404, name)
+    if rate:
+        return Paced(blobs[name], media_type="application/octet-stream")
     return octets(blobs[name])
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning", access_log=False)
 """
 
 _HTTP_SENDER = """
@@ -276,12 +292,13 @@ def weight_pulls(hidden: int, layers: int, steps: int) -> dict:
 
 
 async def _pulls(url: str, held: dict | None, route: str = "solver",
-                 policy: str = "solver") -> dict:
+                 policy: str = "solver", ahead: bool = True) -> dict:
     """Pull the latest version PULLS times as a receiver holding `held` (None: nothing) and apply
     it as an engine does (weights.Mirror): a full snapshot decoded, a delta applied in place to a
     copy of what is held (the copy is the benchmark's, not timed). Medians of each time.
     `route` is the name in the weights route (part C's sender serves payloads by file name),
-    `policy` the one the payloads are for."""
+    `policy` the one the payloads are for. `ahead`: hash and inflate the payload as it arrives
+    (weights.Incoming), as a rollout service does; its tail (Incoming.finish) counts as apply."""
     client = TrainerClient(url)  # one client, as a Session or a rollout service holds one
     runs = []
     try:
@@ -289,13 +306,16 @@ async def _pulls(url: str, held: dict | None, route: str = "solver",
             mirror = Mirror()
             if held is not None:
                 mirror.set(held["tensors"])  # a copy in bf16, and its checksum (not timed)
+            incoming = Incoming() if ahead else None
             started = time.perf_counter()
             if held is None:
-                payload = await client.weights(route)
+                payload = await client.weights(route, watch=incoming)
             else:
-                payload = await client.weights(route, held["version"], held["checksum"])
+                payload = await client.weights(route, held["version"], held["checksum"],
+                                               watch=incoming)
             fetched = time.perf_counter()
-            header = mirror.apply(payload, policy=policy)
+            prepared = None if incoming is None else incoming.finish(payload)
+            header = mirror.apply(payload, policy=policy, prepared=prepared)
             done = time.perf_counter()
             assert mirror.checksum == header.checksum
             runs.append((fetched - started, done - fetched, done - started))
@@ -374,6 +394,7 @@ def part_b(hidden: int, layers: int, steps: int) -> None:
 
 
 FRACTIONS = (0.002, 0.01, 0.05, 0.10, 0.15, 0.25)
+LINK = 1.25e9  # bytes/s of the paced sender in part C's second table: a 10 Gb/s link
 
 
 def part_c(hidden: int, layers: int) -> None:
@@ -402,28 +423,37 @@ def part_c(hidden: int, layers: int) -> None:
                 new[name] = torch.from_numpy(bits).view(torch.bfloat16).reshape(t.shape)
             names.append(f"delta{i}")
             (Path(folder) / f"{names[-1]}.bin").write_bytes(encode(old, new))
-        proc, url = start_script(_FILE_SENDER, folder)
-        try:
-            held = {"tensors": old, "version": 0, "checksum": checksum(old)}
-            pull = functools.partial(_pulls, url, route="full", policy="")
-            # a first full pull, untimed: as in an engine, a Mirror's first full snapshot of a
-            # model this size starts loading the compiled delta loops (astranb.weights._kernels)
-            asyncio.run(pull(None))
-            print("   changed | delta/full bytes | delta: fetch s  apply s  total s | "
-                  "full total s | full/delta (target >= 5x when <= 10 % of the bytes)")
-            for fraction, name in zip(FRACTIONS, names, strict=True):
-                delta = asyncio.run(_pulls(url, held, route=name, policy=""))
-                full = asyncio.run(pull(None))  # beside it, at the same moment
-                share = delta["bytes"] / full["bytes"]
-                ratio = full["total_s"] / delta["total_s"]
-                verdict = ("n/a: delta > 10 %" if share > 0.10
-                           else "pass" if ratio >= 5 else "FAIL")
-                print(f"   {fraction:7.1%} | {share:16.3f} | {delta['fetch_s']:14.3f} "
-                      f"{delta['apply_s']:8.3f} {delta['total_s']:8.3f} | {full['total_s']:12.3f}"
-                      f" | {ratio:5.1f}x {verdict}")
-        finally:
-            stop(proc)
+        held = {"tensors": old, "version": 0, "checksum": checksum(old)}
+        for rate, fractions in ((0.0, FRACTIONS), (LINK, FRACTIONS[2:])):
+            _part_c_table(folder, held, rate, [(f, names[FRACTIONS.index(f)]) for f in fractions])
 
+
+def _part_c_table(folder: str, held: dict, rate: float, cases: list[tuple[float, str]]) -> None:
+    """Part C's table for one link: loopback as it is (rate 0), or a sender paced to `rate`
+    bytes/s. "not ahead": the same delta applied without weights.Incoming's read-ahead."""
+    proc, url = start_script(_FILE_SENDER, folder, str(rate))
+    try:
+        pull = functools.partial(_pulls, url, route="full", policy="")
+        # a first full pull, untimed: as in an engine, a Mirror's first full snapshot of a
+        # model this size starts loading the compiled delta loops (astranb.weights._kernels)
+        asyncio.run(pull(None))
+        print("   " + ("loopback" if not rate else f"sender paced to {rate / 1e9:.2f} GB/s "
+                                                    f"({rate * 8 / 1e9:.0f} Gb/s link)"))
+        print("   changed | delta/full bytes | delta: fetch s  apply s  total s | "
+              "not ahead | full total s | full/delta (target >= 5x when <= 10 % of the bytes)")
+        for fraction, name in cases:
+            delta = asyncio.run(_pulls(url, held, route=name, policy=""))
+            plain = asyncio.run(_pulls(url, held, route=name, policy="", ahead=False))
+            full = asyncio.run(pull(None))  # beside it, at the same moment
+            share = delta["bytes"] / full["bytes"]
+            ratio = full["total_s"] / delta["total_s"]
+            verdict = "n/a: delta > 10 %" if share > 0.10 else "pass" if ratio >= 5 else "FAIL"
+            print(f"   {fraction:7.1%} | {share:16.3f} | {delta['fetch_s']:14.3f} "
+                  f"{delta['apply_s']:8.3f} {delta['total_s']:8.3f} | "
+                  f"{plain['total_s']:9.3f} | {full['total_s']:12.3f}"
+                  f" | {ratio:5.1f}x {verdict}")
+    finally:
+        stop(proc)
 
 if __name__ == "__main__":
     main()

@@ -470,7 +470,8 @@ class HFEngine(MirroredWeights):
         if header.kind == "full":
             shapes = {e["name"]: torch.empty(e["shape"], device="meta") for e in header.tensors}
             self._check_update(WeightUpdate(self.name, update.version, shapes))
-        self._mirror.apply(payload, policy=self.name, version=update.version)
+        self._mirror.apply(payload, policy=self.name, version=update.version,
+                           prepared=update.prepared)
         tensors = self._mirror.tensors
         assert tensors is not None  # apply() just set them
         with self._weights_lock, torch.no_grad():

@@ -84,7 +84,7 @@ class InstantEngine(MirroredWeights):
                 kind = "state"
             else:
                 applied = self._mirror.apply(update.payload, policy=self.name,
-                                             version=update.version)
+                                             version=update.version, prepared=update.prepared)
                 kind = applied.kind
             self._version = update.version
         return kind

@@ -435,7 +435,8 @@ class SGLangEngine(MirroredWeights):
             tensors = {k: v.detach().to("cpu").clone() for k, v in update.state.items()}
             kind = "state"
         else:
-            header = self._mirror.apply(update.payload, policy=self.name, version=update.version)
+            header = self._mirror.apply(update.payload, policy=self.name, version=update.version,
+                                        prepared=update.prepared)
             assert self._mirror.tensors is not None  # apply() just set them
             kind, tensors = header.kind, self._mirror.tensors
         directory = self._weights_dir()

@@ -33,8 +33,9 @@ class _Answer(asyncio.BufferedProtocol):
     """One HTTP/1.1 answer read off its own connection: the head into a small buffer, then a body
     of Content-Length bytes straight into one buffer of that size."""
 
-    def __init__(self, done: asyncio.Future[None]) -> None:
+    def __init__(self, done: asyncio.Future[None], watch: Any = None) -> None:
         self.done = done
+        self.watch = watch  # told of the body's buffer and of every byte landing in it
         self.scratch = memoryview(bytearray(1 << 16))
         self.head = bytearray()
         self.status = 0
@@ -56,6 +57,8 @@ class _Answer(asyncio.BufferedProtocol):
             return
         if self.body is not None:
             self.got += nbytes
+            if self.watch is not None:
+                self.watch.arrived(self.got)
             if self.got >= len(self.view):
                 self.done.set_result(None)
             return
@@ -87,6 +90,9 @@ class _Answer(asyncio.BufferedProtocol):
         self.view = memoryview(self.body)
         self.view[: len(rest)] = rest
         self.got = len(rest)
+        if self.watch is not None:
+            self.watch.open(self.body)
+            self.watch.arrived(self.got)
         if self.got >= length:
             self.done.set_result(None)
 
@@ -102,14 +108,19 @@ class _Answer(asyncio.BufferedProtocol):
 
 async def get_octets(url: str, params: Mapping[str, Any] | None = None,
                      headers: Mapping[str, str] | None = None, *,
-                     timeout: float = 600.0) -> tuple[int, str, bytes] | None:
+                     timeout: float = 600.0,
+                     watch: Any = None) -> tuple[int, str, bytes | bytearray] | None:
     """GET `url` on a connection of its own, reading a Content-Length body into one buffer.
 
     Returns (status, content type, body), or None where this path does not apply and the caller
     should use httpx: not on an asyncio loop, not plain http, a proxy configured for the host,
     credentials in the URL, header values httpx would refuse, or an answer without a
-    Content-Length. Raises OSError when nothing (or not all) came back, TimeoutError when
-    connecting, or a wait for the next bytes, took longer than `timeout` seconds (as httpx's).
+    Content-Length. The body is that buffer itself, not a copy. Raises OSError when nothing (or
+    not all) came back, TimeoutError when connecting, or a wait for the next bytes, took longer
+    than `timeout` seconds (as httpx's).
+
+    `watch` (a weights.Incoming) is given the body's buffer (`open`) and each count of bytes in
+    it (`arrived`), on the loop's thread, so that it can work on a payload as it lands.
     """
     parts = urlsplit(url)
     host = parts.hostname
@@ -134,7 +145,7 @@ async def get_octets(url: str, params: Mapping[str, Any] | None = None,
     request = f"GET {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
     done: asyncio.Future[None] = loop.create_future()
     async with asyncio.timeout(timeout):
-        transport, answer = await loop.create_connection(lambda: _Answer(done), host,
+        transport, answer = await loop.create_connection(lambda: _Answer(done, watch), host,
                                                          parts.port or 80)
     try:
         transport.write((request + "\r\n").encode("latin-1"))
@@ -151,7 +162,7 @@ async def get_octets(url: str, params: Mapping[str, Any] | None = None,
     if answer.odd or answer.body is None:
         return None
     kind = answer.headers.get("content-type", JSON).split(";")[0].strip()
-    return answer.status, kind, bytes(answer.body)
+    return answer.status, kind, answer.body
 
 
 class _Client:
@@ -185,13 +196,14 @@ class _Client:
         kind = answer.headers.get("content-type", JSON).split(";")[0]
         return self._answer(path, answer.status_code, kind, answer.content, answer.text)
 
-    async def get_payload(self, path: str, params: dict | None = None) -> Any:
-        """A GET whose answer is large (weights): read by `get_octets` unless a test transport is
-        injected or that path does not apply; answered as `request` answers."""
+    async def get_payload(self, path: str, params: dict | None = None, watch: Any = None) -> Any:
+        """A GET whose answer is large (weights): read by `get_octets` (which tells `watch` of
+        its bytes) unless a test transport is injected or that path does not apply; answered as
+        `request` answers."""
         if self._transport is None:
             try:
                 got = await get_octets(f"{self.url}{path}", params, self._headers,
-                                       timeout=self._timeout)
+                                       timeout=self._timeout, watch=watch)
             except (OSError, TimeoutError) as error:
                 raise ServiceUnavailable(
                     f"{self.url}{path}: {type(error).__name__}: {error}") from None
@@ -201,7 +213,8 @@ class _Client:
                                     content.decode("utf-8", "replace") if status >= 400 else "")
         return await self.request("GET", path, params=params)
 
-    def _answer(self, path: str, status: int, kind: str, content: bytes, text: str) -> Any:
+    def _answer(self, path: str, status: int, kind: str, content: bytes | bytearray,
+                text: str) -> Any:
         if status >= 400:
             try:
                 message = unpack(content, kind).get("error") or text
@@ -274,10 +287,13 @@ class TrainerClient(_Client):
                                   params={"expect_version": expect_version})
 
     async def weights(self, policy: str, have_version: int | None = None,
-                      have_checksum: int | None = None) -> bytes:
+                      have_checksum: int | None = None, *, watch: Any = None) -> bytes | bytearray:
+        """The payload that brings a receiver holding (have_version, have_checksum) up to date.
+        `watch`: a weights.Incoming to work on it as it arrives (then `watch.finish(payload)`)."""
         pairs = (("have_version", have_version), ("have_checksum", have_checksum))
         params = {k: v for k, v in pairs if v is not None}
-        return await self.get_payload(f"/v1/weights/{policy}", params)
+        payload: bytes | bytearray = await self.get_payload(f"/v1/weights/{policy}", params, watch)
+        return payload
 
     async def checkpoint(self, policy: str) -> int:
         return int((await self.request("POST", f"/v1/checkpoint/{policy}"))["version"])

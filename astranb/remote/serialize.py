@@ -46,7 +46,7 @@ def pack(data: Any, content_type: str = MSGPACK) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def unpack(body: bytes, content_type: str | None) -> Any:
+def unpack(body: bytes | bytearray, content_type: str | None) -> Any:
     """Decode a body sent as msgpack or JSON (ValueError with the reason if it is neither)."""
     kind = (content_type or JSON).split(";")[0].strip().lower()
     try:

@@ -150,10 +150,10 @@ class _Octets(Response):
                         "more_body": start + SLICE < size})
 
 
-def octets(payload: bytes) -> Response:
+def octets(payload: bytes | bytearray) -> Response:
     """A binary answer (application/octet-stream) for large bodies: sent in slices, no copy of
     the whole body."""
-    return _Octets(payload)
+    return _Octets(memoryview(payload))  # a received bytearray too (Starlette takes no bytearray)
 
 
 class _Guard:

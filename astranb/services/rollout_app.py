@@ -307,8 +307,10 @@ class RolloutService:
             if got is None:
                 trainer = self.config.trainer_url or body.url
                 url = f"{trainer.rstrip('/')}/v1/weights/{body.policy}"
-                got = await deliver(lambda full: self._fetch(url, {} if full else have, headers),
-                                    lambda payload: self._apply(slot, payload))
+                ahead: dict[int, weights.Prepared] = {}
+                got = await deliver(
+                    lambda full: self._fetch(url, {} if full else have, headers, ahead=ahead),
+                    lambda payload: self._apply(slot, payload, ahead.pop(id(payload), None)))
             payload, applied, _ = got
             seconds = time.perf_counter() - started
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload),
@@ -322,22 +324,25 @@ class RolloutService:
         assert body.relay is not None
         url = f"{body.relay.rstrip('/')}/v1/weights/{body.policy}"
 
-        async def apply(payload: bytes) -> dict:
+        ahead: dict[int, weights.Prepared] = {}
+
+        async def apply(payload: bytes | bytearray) -> dict:
+            prepared = ahead.pop(id(payload), None)
             made = weights.peek(payload, verify=False).version
             if made != body.version:
                 raise HTTPException(409, f"the relay sent version {made}, not {body.version}")
-            return await self._apply(slot, payload)
+            return await self._apply(slot, payload, prepared)
 
         try:
             got = await deliver(
                 lambda full: self._fetch(url, ({} if full else have) | {"version": body.version},
-                                         headers, what="relay"), apply)
+                                         headers, what="relay", ahead=ahead), apply)
         except (HTTPException, weights.WeightTransferError) as error:
             return None, str(getattr(error, "detail", error))
         return got, ""
 
     async def relay_weights(self, policy: str, version: int, have_version: int | None,
-                            have_checksum: int | None) -> bytes:
+                            have_checksum: int | None) -> bytes | bytearray:
         """What this service, as its region's relay, sends a receiver (see `RelayCache.serve`)."""
         slot = self._slot(policy)
         if slot.relay is None:
@@ -354,25 +359,35 @@ class RolloutService:
             except NotHeld as error:
                 raise HTTPException(409, f"{error}; pull from the trainer") from None
 
-    async def _fetch(self, url: str, params: dict, headers: dict, what: str = "trainer") -> bytes:
+    async def _fetch(self, url: str, params: dict, headers: dict, what: str = "trainer",
+                     ahead: dict[int, weights.Prepared] | None = None) -> bytes | bytearray:
+        """The payload at `url`. With `ahead`, it is hashed and its sections inflated as it
+        arrives (weights.Incoming), and that work goes into ahead[id(payload)]."""
         params = {k: v for k, v in params.items() if v is not None}
         http = self._http
         if http is None:
             raise RuntimeError("the rollout service is not running (use `async with "
                                "service.running()`)")
-        try:
-            # the body straight into one buffer (httpx's 64 KB chunks cost 2-3x the time), unless
-            # a test injected a transport or the trainer is behind a proxy, https, ...
-            got = None if self.transport is not None else await get_octets(
-                url, params, headers, timeout=FETCH_TIMEOUT)
-            if got is None:
-                answer = await http.get(url, params=params, headers=headers)
-                got = answer.status_code, "", answer.content
-        except (httpx.HTTPError, OSError, TimeoutError) as error:
-            # 502: the trainer is down or restarting, which the pool waits out and retries
-            raise HTTPException(502, f"could not reach the {what} at {url}: "
-                                     f"{error!r}") from error
-        status, _, content = got
+        with weights.Incoming() as incoming:
+            try:
+                # the body straight into one buffer (httpx's 64 KB chunks cost 2-3x the time),
+                # unless a test injected a transport or the trainer is behind a proxy, https, ...
+                got = None if self.transport is not None else await get_octets(
+                    url, params, headers, timeout=FETCH_TIMEOUT,
+                    watch=incoming if ahead is not None else None)
+                if got is None:
+                    answer = await http.get(url, params=params, headers=headers)
+                    got = answer.status_code, "", answer.content
+            except (httpx.HTTPError, OSError, TimeoutError) as error:
+                # 502: the trainer is down or restarting, which the pool waits out and retries
+                raise HTTPException(502, f"could not reach the {what} at {url}: "
+                                         f"{error!r}") from error
+            status, _, content = got
+            if ahead is not None and status == 200:
+                # the rest of the read-ahead (the last sections, the hash's tail) off the loop
+                prepared = await anyio.to_thread.run_sync(incoming.finish, content)
+                if prepared is not None:
+                    ahead[id(content)] = prepared
         if status != 200:
             # a trainer that refuses (4xx) is a setup error (424); one that fails (5xx) may recover
             text = content[:300].decode("utf-8", "replace")
@@ -390,12 +405,13 @@ class RolloutService:
                                          "send a full snapshot") from error
         return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload)}
 
-    async def _apply(self, slot: Slot, payload: bytes) -> dict:
+    async def _apply(self, slot: Slot, payload: bytes | bytearray,
+                     prepared: weights.Prepared | None = None) -> dict:
         # the version only: the engine checks the payload's hash before it changes anything
         header = weights.peek(payload, verify=False)
         slot.updating = True
         try:
-            update = WeightUpdate(slot.name, header.version, payload=payload)
+            update = WeightUpdate(slot.name, header.version, payload=payload, prepared=prepared)
             applied = await asyncio.wrap_future(slot.engine.update_weights(update))
         finally:
             slot.updating = False

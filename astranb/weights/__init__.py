@@ -13,13 +13,16 @@ from .codec import (
     encode_full,
     peek,
 )
+from .incoming import Incoming, Prepared
 from .mirror import Mirror
 
 __all__ = [
     "BaseMismatch",
     "CorruptPayload",
     "Header",
+    "Incoming",
     "Mirror",
+    "Prepared",
     "WeightTransferError",
     "apply",
     "checksum",

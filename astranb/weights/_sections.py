@@ -14,6 +14,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,54 @@ _TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # (bench/RESULTS.md, "zstd level"); frames are self-describing, so readers are unaffected
 _ZSTD_LEVEL = 1
 _MAX_RICE_K = 40  # the encoder's largest Rice parameter (gaps up to ~2^40 x a few)
+
+
+# -- sections inflated ahead of time --------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Inflated:
+    """A zstd section inflated ahead of time (weights.incoming), or why it could not be.
+
+    Used in place of the section's bytes only where the decoder asks for the same output limit;
+    anywhere else the decoder inflates `raw` itself, as for any section.
+    """
+
+    raw: memoryview  # the section as it is in the payload
+    skip: int  # bytes before the zstd frame (a value stream's mode byte)
+    limit: int  # the most bytes it may inflate to
+    data: bytes = b""
+    error: str = ""  # the CorruptPayload message inflating it gave
+
+
+Section = memoryview | Inflated
+
+
+def _raw(part: Section) -> memoryview:
+    return part.raw if isinstance(part, Inflated) else part
+
+
+def _inflate(part: Section, skip: int, limit: int) -> bytes:
+    """The section's zstd frame (after `skip` bytes) inflated, to at most `limit` bytes."""
+    if isinstance(part, Inflated):
+        if part.skip == skip and part.limit == limit:
+            if part.error:
+                raise CorruptPayload(part.error)
+            return part.data
+        part = part.raw
+    return _unzstd(part[skip:], limit)
+
+
+def _zstd_sections(entry: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(index in the entry's sections, skip, limit) of each zstd section, with the limits the
+    decoder above asks for (so that a section inflated ahead of time is used)."""
+    size, n, itemsize = math.prod(entry["shape"]), entry["changed"], entry["itemsize"]
+    last = len(entry["sections"]) - 1
+    if entry["scheme"] == "dense":
+        return [(0, 1, size * itemsize)]
+    if entry["scheme"] == "rice":
+        return [(last, 1, n * itemsize)]
+    if entry["scheme"] == "bitmap":
+        return [(0, 0, (size + 7) // 8), (last, 1, n * itemsize)]
+    return []
 
 
 # -- per tensor ------------------------------------------------------------------------------------
@@ -56,17 +105,18 @@ def _encode_tensor(
 
 
 def _decode_tensor(
-    entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray, compiled: bool = False
+    entry: dict[str, Any], parts: list[Section], bits: np.ndarray, compiled: bool = False
 ) -> None:
     scheme, n = entry["scheme"], entry["changed"]
     if scheme == "same" or bits.size == 0:
         return
     if scheme == "raw":
-        if len(parts[0]) != bits.nbytes:
+        raw = _raw(parts[0])
+        if len(raw) != bits.nbytes:
             raise CorruptPayload(
-                f"tensor {entry['name']!r}: {len(parts[0])} bytes, expected {bits.nbytes}"
+                f"tensor {entry['name']!r}: {len(raw)} bytes, expected {bits.nbytes}"
             )
-        bits[:] = np.frombuffer(parts[0], dtype=bits.dtype)
+        bits[:] = np.frombuffer(raw, dtype=bits.dtype)
         return
     if scheme == "dense":
         bits[:] = _values_decode(parts[0], bits, bits.size)
@@ -75,21 +125,21 @@ def _decode_tensor(
         _apply_compiled(entry, parts, bits)
         return
     if scheme == "rice":
-        idx = _rice_decode(parts[0], parts[1], n)
+        idx = _rice_decode(_raw(parts[0]), _raw(parts[1]), n)
     else:
         idx = np.flatnonzero(_bitmap_decode(parts[0], bits.size))
     _check_positions(entry, idx, bits.size)
     bits[idx] = _values_decode(parts[-1], bits[idx], n)
 
 
-def _apply_compiled(entry: dict[str, Any], parts: list[memoryview], bits: np.ndarray) -> None:
+def _apply_compiled(entry: dict[str, Any], parts: list[Section], bits: np.ndarray) -> None:
     """The rice and bitmap schemes through the compiled loops (_kernels): positions are checked
     before any value is written."""
     n = entry["changed"]
     planes, diff = _value_planes(parts[-1], bits.dtype, n)
     if entry["scheme"] == "rice":
-        unary, k = _rice_header(parts[0])
-        remainders = _packed_fields(parts[1], n, k)
+        unary, k = _rice_header(_raw(parts[0]))
+        remainders = _packed_fields(_raw(parts[1]), n, k)
         if _kernels.apply_rice(unary, remainders, k, planes, bits, diff) != n:
             raise _bad_positions(entry)  # refused before the first write (see _kernels)
         return
@@ -225,15 +275,15 @@ def _bitmap_encode(changed: np.ndarray, size: int) -> list[bytes]:
     return [_zstd(np.packbits(mask).tobytes())]
 
 
-def _bitmap_bytes(part: memoryview, size: int) -> np.ndarray:
+def _bitmap_bytes(part: Section, size: int) -> np.ndarray:
     """A bitmap section's packed bytes (packbits' order), at least `size` bits of them."""
-    packed = np.frombuffer(_unzstd(part, (size + 7) // 8), dtype=np.uint8)
+    packed = np.frombuffer(_inflate(part, 0, (size + 7) // 8), dtype=np.uint8)
     if packed.size * 8 < size:
         raise CorruptPayload("bitmap shorter than its tensor")
     return packed
 
 
-def _bitmap_decode(part: memoryview, size: int) -> np.ndarray:
+def _bitmap_decode(part: Section, size: int) -> np.ndarray:
     return np.unpackbits(_bitmap_bytes(part, size), count=size).view(bool)
 
 
@@ -248,12 +298,13 @@ def _values_encode(old: np.ndarray, new: np.ndarray) -> bytes:
     return (b"d" + diff) if len(diff) <= len(raw) else (b"r" + raw)
 
 
-def _value_planes(part: memoryview, dtype: np.dtype, n: int) -> tuple[np.ndarray, bool]:
+def _value_planes(part: Section, dtype: np.dtype, n: int) -> tuple[np.ndarray, bool]:
     """A value stream's byte planes (itemsize x n, uint8) and whether they hold zig-zag mapped
     bit differences (True) or the new bits themselves (False)."""
-    if len(part) < 1:
+    raw = part.raw if isinstance(part, Inflated) else part
+    if len(raw) < 1:
         raise CorruptPayload("empty value stream")
-    mode, planes = bytes(part[:1]), _unzstd(part[1:], n * dtype.itemsize)
+    mode, planes = bytes(raw[:1]), _inflate(part, 1, n * dtype.itemsize)
     if len(planes) != n * dtype.itemsize:
         expected = n * dtype.itemsize
         raise CorruptPayload(f"value stream holds {len(planes)} bytes, expected {expected}")
@@ -262,7 +313,7 @@ def _value_planes(part: memoryview, dtype: np.dtype, n: int) -> tuple[np.ndarray
     return np.frombuffer(planes, dtype=np.uint8).reshape(dtype.itemsize, n), mode == b"d"
 
 
-def _values_decode(part: memoryview, old: np.ndarray, n: int) -> np.ndarray:
+def _values_decode(part: Section, old: np.ndarray, n: int) -> np.ndarray:
     """The new values: from the stream, with `old` (the values they replace) for differences."""
     planes, diff = _value_planes(part, old.dtype, n)
     values = _unplanes(planes, old.dtype, n)
@@ -301,19 +352,28 @@ _MAX_THREADS = 8
 # it numpy takes milliseconds, and a process that only ever sees small deltas (a tiny model, a
 # test) never pays numba's ~0.6 s load
 _COMPILED_WORK = 1 << 18
-_Job = tuple[int, int, dict[str, Any], list[memoryview], np.ndarray]  # work, index, entry, ...
+_Job = tuple[int, int, dict[str, Any], list[Section], np.ndarray]  # work, index, entry, ...
 
 
 def _apply_sections(
-    entries: list[dict[str, Any]], body: memoryview, tensors: Mapping[str, torch.Tensor]
+    entries: list[dict[str, Any]],
+    body: memoryview,
+    tensors: Mapping[str, torch.Tensor],
+    ready: Mapping[int, Inflated] | None = None,
 ) -> None:
-    """Decode every tensor's sections (`body`, in the order of `entries`) into `tensors`."""
+    """Decode every tensor's sections (`body`, in the order of `entries`) into `tensors`.
+
+    `ready`: sections already inflated (weights.incoming), by their offset in `body`.
+    """
     jobs: list[_Job] = []
     offset = 0
+    ready = ready or {}
     for entry in entries:
-        parts = []
+        parts: list[Section] = []
         for size in entry["sections"]:
-            parts.append(body[offset : offset + size])
+            early = ready.get(offset)
+            parts.append(early if early is not None and len(early.raw) == size
+                         else body[offset : offset + size])
             offset += size
         bits = _bits(tensors[entry["name"]], writable=True)
         work = entry["changed"] if entry["scheme"] in ("rice", "bitmap") else bits.size
@@ -392,6 +452,7 @@ def _bits(t: torch.Tensor, writable: bool = False) -> np.ndarray:
     return t.view(_TORCH_INT[size]).reshape(-1).numpy().view(_UINT[size])
 
 
+# -- zstd ------------------------------------------------------------------------------------------
 _contexts = threading.local()  # zstd contexts are costly to make and not shareable by threads
 
 

@@ -35,7 +35,16 @@ import numpy as np
 import torch
 import xxhash
 
-from ._sections import _UINT, _apply_sections, _bits, _encode_tensor, _entry, _unzstd, _zstd
+from ._sections import (
+    _UINT,
+    Inflated,
+    _apply_sections,
+    _bits,
+    _encode_tensor,
+    _entry,
+    _unzstd,
+    _zstd,
+)
 from .errors import BaseMismatch, CorruptPayload, WeightTransferError
 
 __all__ = [
@@ -150,7 +159,7 @@ def encode(
     return _frame(KIND_DELTA, meta, entries, sections)
 
 
-def peek(payload: bytes, *, verify: bool = True) -> Header:
+def peek(payload: bytes | bytearray, *, verify: bool = True) -> Header:
     """Check the frame and read its header (no tensor is decoded).
 
     verify=False skips hashing the whole payload: for routing a payload to a receiver that
@@ -161,7 +170,7 @@ def peek(payload: bytes, *, verify: bool = True) -> Header:
 
 
 def decode(
-    old: Mapping[str, torch.Tensor] | None, payload: bytes
+    old: Mapping[str, torch.Tensor] | None, payload: bytes | bytearray
 ) -> dict[str, torch.Tensor]:
     """New tensors from `old` and a payload (old may be None for a full snapshot)."""
     return _decode(old, *_open(payload))
@@ -189,7 +198,7 @@ def _decode(
 
 def apply(
     tensors: Mapping[str, torch.Tensor],
-    payload: bytes,
+    payload: bytes | bytearray,
     *,
     base_checksum: int | None = None,
 ) -> Header:
@@ -215,12 +224,14 @@ def _apply(
     body: memoryview,
     *,
     base_checksum: int | None = None,
+    ready: Mapping[int, Inflated] | None = None,
 ) -> Header:
-    """apply() of a payload `_open` has checked (the receiver's one hash of it)."""
+    """apply() of a payload `_open` has checked (the receiver's one hash of it); `ready` are
+    sections inflated while it arrived (weights.incoming)."""
     _check_layout(header, tensors)
     if header.kind == "delta":
         _check_base(header, checksum(tensors) if base_checksum is None else base_checksum)
-    _apply_sections(header.tensors, body, tensors)
+    _apply_sections(header.tensors, body, tensors, ready)
     _check_result(header, tensors)
     return header
 
@@ -243,8 +254,26 @@ def _frame(
     return b"".join([*parts, _TRAILER.pack(h.intdigest())])
 
 
-def _open(payload: bytes, *, verify: bool = True) -> tuple[Header, memoryview]:
+def _open(
+    payload: bytes | bytearray, *, verify: bool = True, digest: int | None = None
+) -> tuple[Header, memoryview]:
+    """The checked header and the body of a payload. `digest`: the xxh3 of everything before
+    the trailer, when the receiver took it as the bytes arrived (weights.incoming)."""
     view = memoryview(payload)
+    total, header_len = _read_prefix(view)
+    if len(view) != total:
+        raise CorruptPayload(f"payload truncated or padded: {len(view)} bytes, header says {total}")
+    (expected,) = _TRAILER.unpack_from(view, total - _TRAILER.size)
+    if verify:
+        if digest is None:
+            digest = xxhash.xxh3_64_intdigest(view[: total - _TRAILER.size])
+        if digest != expected:
+            raise CorruptPayload("payload hash mismatch: the bytes were altered in transit")
+    return _read_header(view, header_len), view[_PREFIX.size + header_len : total - _TRAILER.size]
+
+
+def _read_prefix(view: memoryview) -> tuple[int, int]:
+    """(total length, header length) from the prefix, which must be there."""
     if len(view) < _PREFIX.size + _TRAILER.size:
         raise CorruptPayload(f"payload of {len(view)} bytes is too short to be a weight payload")
     magic, fmt, kind, total, header_len = _PREFIX.unpack_from(view)
@@ -252,11 +281,12 @@ def _open(payload: bytes, *, verify: bool = True) -> tuple[Header, memoryview]:
         raise CorruptPayload(f"not an astranb weight payload (magic {bytes(magic)!r})")
     if fmt != FORMAT:
         raise CorruptPayload(f"payload format {fmt}, this astranb reads format {FORMAT}: upgrade")
-    if len(view) != total:
-        raise CorruptPayload(f"payload truncated or padded: {len(view)} bytes, header says {total}")
-    (expected,) = _TRAILER.unpack_from(view, total - _TRAILER.size)
-    if verify and xxhash.xxh3_64_intdigest(view[: total - _TRAILER.size]) != expected:
-        raise CorruptPayload("payload hash mismatch: the bytes were altered in transit")
+    return total, header_len
+
+
+def _read_header(view: memoryview, header_len: int) -> Header:
+    """The header after the prefix (its bytes must be there; the kind is the prefix's)."""
+    _, _, kind, total, _ = _PREFIX.unpack_from(view)
     start = _PREFIX.size
     try:
         meta = json.loads(_unzstd(view[start : start + header_len], _MAX_HEADER))
@@ -267,8 +297,7 @@ def _open(payload: bytes, *, verify: bool = True) -> tuple[Header, memoryview]:
         _check_table(header.tensors)
     except (ValueError, KeyError, TypeError) as error:  # a sender bug, not transit damage
         raise CorruptPayload(f"payload header is malformed: {error!r}") from error
-    return header, view[start + header_len : total - _TRAILER.size]
-
+    return header
 
 
 def layout_mismatch(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> str | None:
@@ -343,6 +372,7 @@ def _check_table(entries: list[dict[str, Any]]) -> None:
         if not (isinstance(e["name"], str) and isinstance(e["shape"], list)
                 and all(isinstance(d, int) and d >= 0 for d in e["shape"])
                 and e["scheme"] in _SCHEMES and isinstance(e["changed"], int)
-                and isinstance(e["sections"], list) and e["itemsize"] in _UINT):
+                and isinstance(e["sections"], list) and e["itemsize"] in _UINT
+                and all(isinstance(n, int) and n >= 0 for n in e["sections"])):
             raise ValueError(f"bad tensor entry {e!r:.200}")
         dtype_named(e["dtype"])

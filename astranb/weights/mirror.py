@@ -9,6 +9,7 @@ import torch
 from . import _kernels
 from ._sections import _COMPILED_WORK, _bits
 from .codec import BaseMismatch, CorruptPayload, Header, _apply, _decode, _open, checksum
+from .incoming import Prepared
 
 __all__ = ["Mirror"]
 
@@ -23,7 +24,12 @@ class Mirror:
         self.checksum: int | None = None
 
     def apply(
-        self, payload: bytes, *, policy: str | None = None, version: int | None = None
+        self,
+        payload: bytes | bytearray,
+        *,
+        policy: str | None = None,
+        version: int | None = None,
+        prepared: Prepared | None = None,
     ) -> Header:
         """Bring the mirror to the payload's version: a full snapshot replaces it, a delta is
         applied in place against the current checksum.
@@ -32,6 +38,8 @@ class Mirror:
             payload: a full snapshot or a delta (astranb.weights.codec).
             policy, version: when given, the payload must be for this policy and make this
                 version (checked before anything changes).
+            prepared: the hash and the sections an `Incoming` worked out while the payload
+                arrived (used only when it watched this very buffer).
 
         Raises:
             ValueError: the payload is for another policy or version.
@@ -39,7 +47,10 @@ class Mirror:
             CorruptPayload: the payload or the result failed its hash; the mirror is then marked
                 unknown (it may be half written) and only a full snapshot heals it.
         """
-        header, body = _open(payload)  # the one hash of the payload, before anything changes
+        if prepared is not None and prepared.payload is not payload:
+            prepared = None
+        # the one hash of the payload (or its digest, taken as it arrived) before anything changes
+        header, body = _open(payload, digest=None if prepared is None else prepared.digest)
         if policy is not None and header.policy != policy:
             raise ValueError(
                 f"payload is for policy {header.policy!r}, this engine serves {policy!r}"
@@ -56,7 +67,8 @@ class Mirror:
                 "the engine holds no published weights yet; send a full snapshot first"
             )
         try:
-            _apply(self.tensors, header, body, base_checksum=self.checksum)
+            _apply(self.tensors, header, body, base_checksum=self.checksum,
+                   ready=None if prepared is None else prepared.ready)
         except CorruptPayload:
             self.checksum = None
             raise

@@ -28,14 +28,15 @@ from .store import PublishStats, WeightStore
 __all__ = ["deliver", "apply_to_engine", "transfer_metrics", "EnginePublisher", "StatePublisher"]
 
 R = TypeVar("R")
+P = TypeVar("P", bound=bytes | bytearray)  # a payload: bytes, or the buffer it was received into
 
 
 async def deliver(
-    fetch: Callable[[bool], Awaitable[bytes]],
-    apply: Callable[[bytes], Awaitable[R]],
+    fetch: Callable[[bool], Awaitable[P]],
+    apply: Callable[[P], Awaitable[R]],
     *,
     rejected: Callable[[BaseException], bool] = lambda e: isinstance(e, WeightTransferError),
-) -> tuple[bytes, R, str]:
+) -> tuple[P, R, str]:
     """Send a receiver the payload that brings it up to date; heal a rejected one with a full one.
 
     Args:

@@ -35,12 +35,12 @@ class RelayCache:
     def __init__(self) -> None:
         self.version: int | None = None
         self.checksum: int | None = None
-        self._delta: bytes | None = None
+        self._delta: bytes | bytearray | None = None
         self._delta_header: Header | None = None
-        self._full: bytes | None = None
+        self._full: bytes | bytearray | None = None
         self.served = {"delta": 0, "full": 0, "bytes": 0}
 
-    def received(self, payload: bytes, header: Header) -> None:
+    def received(self, payload: bytes | bytearray, header: Header) -> None:
         """Keep a payload the relay has just applied (verified by the engine)."""
         self.version, self.checksum = header.version, header.checksum
         if header.kind == "delta":
@@ -66,7 +66,7 @@ class RelayCache:
         have_checksum: int | None,
         held: Callable[[], Mapping[str, torch.Tensor] | None],
         policy: str,
-    ) -> bytes:
+    ) -> bytes | bytearray:
         """The payload that brings a receiver holding (have_version, have_checksum) to `version`.
 
         Args:
@@ -89,7 +89,7 @@ class RelayCache:
             self._full = encode_full(tensors, policy=policy, version=version)
         return self._count("full", self._full)
 
-    def _count(self, kind: str, payload: bytes) -> bytes:
+    def _count(self, kind: str, payload: bytes | bytearray) -> bytes | bytearray:
         self.served[kind] += 1
         self.served["bytes"] += len(payload)
         return payload
