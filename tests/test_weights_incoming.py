@@ -35,9 +35,10 @@ def tensors_pair() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return old, new
 
 
-def fed(payload: bytes, chunk: int, **options) -> tuple[bytearray, object]:
+def fed(payload: bytes, chunk: int, settle: bool = True, **options) -> tuple[bytearray, object]:
     """`payload` landing in a buffer `chunk` bytes at a time, watched by an Incoming; the
-    buffer and what `finish` hands over."""
+    buffer and what `finish` hands over. `settle`: the last byte is in long before `finish` (a
+    slow link: everything is inflated ahead), else `finish` comes at once."""
     incoming = Incoming(**options)
     buffer = bytearray(len(payload))
     incoming.open(buffer)
@@ -45,6 +46,8 @@ def fed(payload: bytes, chunk: int, **options) -> tuple[bytearray, object]:
         stop = min(len(payload), start + chunk)
         buffer[start:stop] = payload[start:stop]
         incoming.arrived(stop)
+    if settle:
+        assert incoming.wait_idle(30)
     return buffer, incoming.finish(buffer)
 
 
@@ -78,6 +81,27 @@ def test_read_ahead_gives_the_same_bits_and_inflates_nothing_twice(chunk, thread
     assert inflated == [] and mirror.checksum == checksum(new)
     assert all(torch.equal(mirror.tensors[k].view(torch.int16), new[k].view(torch.int16))
                for k in new)
+
+
+def test_sections_not_begun_when_the_last_byte_lands_are_left_to_apply():
+    old, new = tensors_pair()
+    payload = codec.encode(old, new)
+    incoming = Incoming()
+    buffer = bytearray(len(payload))
+    incoming.open(buffer)
+    _, body = _open(payload)
+    first_section_end = len(payload) - _TRAILER.size - len(body) + 1  # no section is all in
+    buffer[:first_section_end] = payload[:first_section_end]
+    incoming.arrived(first_section_end)
+    assert incoming.wait_idle(30)
+    buffer[:] = payload
+    incoming.arrived(len(payload))
+    prepared = incoming.finish(buffer)  # at once: the read-ahead stops where it is
+    assert prepared.digest == xxhash.xxh3_64_intdigest(payload[: -_TRAILER.size])
+    assert len(prepared.ready) <= 1  # at most the one a worker began before finish came
+    mirror = held(old)
+    mirror.apply(buffer, prepared=prepared)
+    assert mirror.checksum == checksum(new)
 
 
 def test_a_full_snapshot_is_hashed_as_it_arrives_and_not_again(monkeypatch):

@@ -109,13 +109,17 @@ class Incoming:
 
     # -- the caller's thread -------------------------------------------------------------------
     def finish(self, payload: Any) -> Prepared | None:
-        """Every byte of `payload` (the buffer given to `open`) is in: finish the work, helping
-        on this thread, and hand it over. None when `payload` is not that buffer."""
+        """Every byte of `payload` (the buffer given to `open`) is in: hash what is left (on
+        this thread too), let the inflating under way end, and hand the work over. Sections not
+        begun are left to apply, which inflates each one beside the walk that reads it, while
+        it is still in cache: inflating them here first was slower (bench/RESULTS.md). None
+        when `payload` is not that buffer."""
         if payload is not self._buffer:
             self.abandon()
             return None
         with self._cond:
             self._got, self._complete = len(self._view), True
+            self._table = deque()  # the sections not begun (or a header not read) are apply's
             self._cond.notify_all()
         self._work()
         for worker in self._workers:
@@ -125,6 +129,13 @@ class Incoming:
             digest = self._hasher.intdigest() if done else None
             self._stopped = True
         return Prepared(payload, digest, dict(self._ready))
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until everything that can be done with the bytes in so far is done (tests
+        and benchmarks use it to pin what `finish` will find); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._stopped or self._idle(), timeout)
 
     def __enter__(self) -> Incoming:
         return self
@@ -150,6 +161,16 @@ class Incoming:
         """Nothing is left to do, or will be (every byte is in and every job taken)."""
         return (self._complete and self._hashed == self._hash_end and not self._hashing
                 and not self._reading and self._table is not None and not self._table)
+
+    def _idle(self) -> bool:
+        """Nothing under way, and nothing to begin with the bytes in so far (holding the lock)."""
+        if self._hashing or self._reading or self._busy:
+            return False
+        if self._hashed < min(self._got, self._hash_end):
+            return False
+        if self._table is None:
+            return not (self._complete or self._got >= self._header_end())
+        return not self._table or self._table[0].end > self._got
 
     def _next(self) -> Any:
         """The next piece of work, claimed (called holding the lock), or None."""
@@ -205,7 +226,8 @@ class Incoming:
         except (CorruptPayload, ValueError, KeyError, TypeError, IndexError):
             jobs.clear()  # not a payload this side can read ahead: apply will say what is wrong
         with self._cond:
-            self._table, self._reading = jobs, False
+            # finish() came meanwhile: what was not begun is apply's
+            self._table, self._reading = (deque() if self._complete else jobs), False
             self._cond.notify_all()
 
     def _inflate(self, job: _Job) -> None:
