@@ -125,10 +125,11 @@ class Incoming:
         for worker in self._workers:
             worker.join()
         with self._cond:
-            done = self._hashed == self._hash_end and not self._stopped
-            digest = self._hasher.intdigest() if done else None
+            if self._stopped:  # abandoned meanwhile (or a worker failed): nothing is handed over
+                return Prepared(payload, None, {})
             self._stopped = True
-        return Prepared(payload, digest, dict(self._ready))
+            digest = self._hasher.intdigest() if self._hashed == self._hash_end else None
+            return Prepared(payload, digest, dict(self._ready))
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until everything that can be done with the bytes in so far is done (tests
@@ -155,7 +156,11 @@ class Incoming:
                         return
                     self._cond.wait()
                     task = self._next()
-            task()
+            try:
+                task()
+            except BaseException:  # a bug or no memory: give up the read-ahead, apply does it all
+                self.abandon()
+                raise
 
     def _drained(self) -> bool:
         """Nothing is left to do, or will be (every byte is in and every job taken)."""
