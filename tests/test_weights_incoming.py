@@ -39,7 +39,7 @@ def fed(payload: bytes, chunk: int, **options) -> tuple[bytearray, object]:
     """`payload` landing in a buffer `chunk` bytes at a time, watched by an Incoming; the
     buffer and what `finish` hands over, once everything the bytes allow is done (as on a slow
     link, where the last byte comes long after the rest)."""
-    incoming = Incoming(**options)
+    incoming = Incoming(**{"min_bytes": 0, **options})
     buffer = bytearray(len(payload))
     incoming.open(buffer)
     for start in range(0, len(payload), chunk):
@@ -85,7 +85,7 @@ def test_read_ahead_gives_the_same_bits_and_inflates_nothing_twice(chunk, thread
 def test_sections_not_begun_when_the_last_byte_lands_are_left_to_apply():
     old, new = tensors_pair()
     payload = codec.encode(old, new)
-    incoming = Incoming()
+    incoming = Incoming(min_bytes=0)
     buffer = bytearray(len(payload))
     incoming.open(buffer)
     _, body = _open(payload)
@@ -177,7 +177,7 @@ def test_what_is_not_a_payload_is_left_to_apply_to_refuse(junk):
 def test_work_for_another_buffer_is_not_used_and_abandoning_stops_the_threads():
     old, new = tensors_pair()
     payload = codec.encode(old, new)
-    incoming = Incoming(threads=2)
+    incoming = Incoming(threads=2, min_bytes=0)
     buffer = bytearray(len(payload))
     incoming.open(buffer)
     incoming.arrived(10)
@@ -197,7 +197,7 @@ def test_get_octets_lets_a_watcher_work_on_the_body_as_it_lands():
     v0 = checksum(weights(0))
     with serving(trainer_with(store)) as url:
         async def pull():
-            with Incoming() as incoming:
+            with Incoming(min_bytes=0) as incoming:
                 got = await get_octets(f"{url}/v1/weights/p", {"have_version": 0,
                                                               "have_checksum": v0},
                                        watch=incoming)
@@ -226,4 +226,21 @@ def test_a_failing_read_ahead_hands_over_nothing_and_apply_does_it_all(monkeypat
     assert prepared.digest is None and prepared.ready == {}
     mirror = held(old)
     mirror.apply(buffer, prepared=prepared)  # hashed and inflated by apply itself
+    assert mirror.checksum == checksum(new)
+
+
+def test_a_small_payload_starts_no_thread_and_is_hashed_by_finish():
+    old, new = tensors_pair()
+    payload = codec.encode(old, new)
+    assert len(payload) < 1 << 20
+    incoming = Incoming()
+    buffer = bytearray(payload)
+    incoming.open(buffer)
+    incoming.arrived(len(buffer))
+    assert incoming._workers == []
+    prepared = incoming.finish(buffer)
+    assert prepared.digest == xxhash.xxh3_64_intdigest(payload[: -_TRAILER.size])
+    assert prepared.ready == {}
+    mirror = held(old)
+    mirror.apply(buffer, prepared=prepared)
     assert mirror.checksum == checksum(new)

@@ -40,6 +40,9 @@ from .errors import CorruptPayload
 __all__ = ["Incoming", "Prepared"]
 
 _BUDGET = 512 << 20  # bytes of inflated sections held at once, at most
+# a smaller payload arrives in about the time a thread takes to start: no worker is started for
+# it, and finish() just hashes it (bench/services.py --quick showed the worker cost more)
+_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,12 @@ class _Job:
 class Incoming:
     """Hashes and inflates a payload's sections as its bytes land in one buffer (see the module)."""
 
-    def __init__(self, *, budget: int = _BUDGET, threads: int = 1) -> None:
+    def __init__(self, *, budget: int = _BUDGET, threads: int = 1,
+                 min_bytes: int = _MIN_BYTES) -> None:
         self._cond = threading.Condition()
         self._budget = budget
         self._threads = threads
+        self._min_bytes = min_bytes
         self._workers: list[threading.Thread] = []
         self._buffer: Any = None
         self._view = memoryview(b"")
@@ -88,7 +93,7 @@ class Incoming:
         with self._cond:
             self._buffer, self._view = buffer, memoryview(buffer)
             self._hash_end = max(0, len(buffer) - _TRAILER.size)
-            for _ in range(self._threads):
+            for _ in range(self._threads if len(buffer) >= self._min_bytes else 0):
                 worker = threading.Thread(target=self._work, name="astranb-incoming",
                                           daemon=True)
                 self._workers.append(worker)
