@@ -12,8 +12,13 @@ hash, on a thread of its own as the receiver reports bytes in:
       arrived(n)    ...               the header is in: the table of zstd sections
                                       inflate each section whose bytes are all in
                                       (within a scratch budget; the rest is left to apply)
-      finish(buffer) ──► the caller helps with what is left, joins the worker
-                         ──► Prepared(digest, {body offset: Inflated}) ──► Mirror.apply
+      finish(buffer) ──► the caller hashes what is left; inflating under way ends; sections
+                         not begun are left to apply (it inflates each beside the walk that
+                         reads it, in cache) ──► Prepared(digest, {body offset: Inflated})
+                         ──► WeightUpdate.prepared ──► Mirror.apply
+
+So the read-ahead only uses time the transfer leaves idle: on a fast link it does little, on a
+slow one it hides the inflating (bench/RESULTS.md). A payload under 1 MiB starts no thread.
 
 Threading contract: `open`, `arrived` and `abandon` come from the receiving thread (an event
 loop: they take a lock and notify, nothing more); `finish` from any one thread once every byte
