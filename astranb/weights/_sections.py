@@ -69,7 +69,8 @@ def _inflate(part: Section, skip: int, limit: int) -> bytes:
 
 def _zstd_sections(entry: dict[str, Any]) -> list[tuple[int, int, int]]:
     """(index in the entry's sections, skip, limit) of each zstd section, with the limits the
-    decoder above asks for (so that a section inflated ahead of time is used)."""
+    decoders below ask for (_bitmap_bytes, _value_planes), so that a section inflated ahead of
+    time is used."""
     size, n, itemsize = math.prod(entry["shape"]), entry["changed"], entry["itemsize"]
     last = len(entry["sections"]) - 1
     if entry["scheme"] == "dense":

@@ -142,8 +142,8 @@ class Incoming:
             return Prepared(payload, digest, dict(self._ready))
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until everything that can be done with the bytes in so far is done (tests
-        and benchmarks use it to pin what `finish` will find); False on timeout."""
+        """Wait until everything that can be done with the bytes in so far is done (the tests
+        use it to pin what `finish` will find); False on timeout."""
         with self._cond:
             return self._cond.wait_for(
                 lambda: self._stopped or self._idle(), timeout)
