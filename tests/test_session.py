@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -357,16 +358,24 @@ def test_the_next_batch_is_collected_and_encoded_while_a_step_trains(tmp_path):
     spans: list[tuple[float, float]] = []
     prepared: list[tuple[float, int]] = []
     step, prepare = trainer.step, trainer.prepare
+    prepared_more = threading.Condition()
 
     def slow_step(batch):
         start = time.monotonic()
-        time.sleep(0.15)
+        # Hold the step (up to 10 s) until the next batch is prepared, so a machine slow at
+        # rollouts cannot make the check below fail; a loop that prepares only between steps
+        # still fails it (its next prepare comes after this step has ended).
+        wanted = len(spans) + 2
+        with prepared_more:
+            prepared_more.wait_for(lambda: len(prepared) >= min(wanted, 6), timeout=10)
         metrics = step(batch)
         spans.append((start, time.monotonic()))
         return metrics
 
     def recording_prepare(batch):
-        prepared.append((time.monotonic(), id(batch)))
+        with prepared_more:
+            prepared.append((time.monotonic(), id(batch)))
+            prepared_more.notify_all()
         prepare(batch)
 
     trainer.step, trainer.prepare = slow_step, recording_prepare
@@ -376,6 +385,8 @@ def test_the_next_batch_is_collected_and_encoded_while_a_step_trains(tmp_path):
     assert run.accounting["trained_twice"] == 0
     assert (run.metrics["staleness_max"] <= 1).all()
     assert len(spans) == 6 and len(prepared) == 6
-    # batches 2..6 were prepared while the step before them was in the child
-    ahead = [any(s <= t <= e for s, e in spans[:i]) for i, (t, _) in enumerate(prepared)]
-    assert ahead[1:] == [True] * 5, (spans, prepared)
+    # batch i+1 was prepared after step i-1 had ended and before step i ended: while step i
+    # was being sent or run in the child (its thread may note its start a moment late)
+    ahead = [(spans[i - 2][1] if i >= 2 else 0.0) <= prepared[i][0] <= spans[i - 1][1]
+             for i in range(1, 6)]
+    assert ahead == [True] * 5, (spans, prepared)
