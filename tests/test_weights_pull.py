@@ -278,6 +278,30 @@ def test_rollout_service_pulls_a_delta_over_real_http(monkeypatch):
     assert held == (1, store.checksum) and calls == [f"{url}/v1/weights/p"]
 
 
+def test_a_rollout_service_pull_hands_the_engine_the_hash_taken_as_it_arrived(monkeypatch):
+    """The payload read off the wire reaches the engine's Mirror with the read-ahead's work on
+    that very buffer, so the Mirror does not hash it again."""
+    seen: list[tuple] = []
+    real = Mirror.apply
+
+    def recording(self, payload, **kw):
+        seen.append((payload, kw.get("prepared")))
+        return real(self, payload, **kw)
+
+    monkeypatch.setattr(Mirror, "apply", recording)
+    store = published_store()
+    initial = codec.encode_full(weights(0), policy="p", version=0)
+    with serving(trainer_with(store)) as url:
+        answer, held = asyncio.run(rollout_pull(url, initial))
+    assert isinstance(answer, dict) and answer["kind"] == "delta", answer
+    assert held == (1, store.checksum)
+    (pushed, none), (pulled, prepared) = seen  # the initial push, then the pull
+    assert none is None and prepared is not None and prepared.payload is pulled
+    delta = store.pull(0, checksum(weights(0)))
+    assert bytes(pulled) == delta
+    assert prepared.digest == codec.xxhash.xxh3_64_intdigest(delta[: -codec._TRAILER.size])
+
+
 def test_a_corrupted_delta_is_refused_and_healed_by_the_full_snapshot():
     store = published_store()
     initial = codec.encode_full(weights(0), policy="p", version=0)

@@ -307,13 +307,13 @@ class RolloutService:
             if got is None:
                 trainer = self.config.trainer_url or body.url
                 url = f"{trainer.rstrip('/')}/v1/weights/{body.policy}"
-                ahead: dict[int, weights.Prepared] = {}
                 got = await deliver(
-                    lambda full: self._fetch(url, {} if full else have, headers, ahead=ahead),
-                    lambda payload: self._apply(slot, payload, ahead.pop(id(payload), None)))
-            payload, applied, _ = got
+                    lambda full: self._fetch(url, {} if full else have, headers),
+                    lambda fetched: self._apply(slot, fetched.payload, fetched))
+            fetched, applied, _ = got
             seconds = time.perf_counter() - started
-        return self._policy_status(slot) | {"kind": applied["kind"], "bytes": len(payload),
+        return self._policy_status(slot) | {"kind": applied["kind"],
+                                            "bytes": len(fetched.payload),
                                             "seconds": seconds, "source": source,
                                             "relay_error": relay_error}
 
@@ -324,19 +324,16 @@ class RolloutService:
         assert body.relay is not None
         url = f"{body.relay.rstrip('/')}/v1/weights/{body.policy}"
 
-        ahead: dict[int, weights.Prepared] = {}
-
-        async def apply(payload: bytes | bytearray) -> dict:
-            prepared = ahead.pop(id(payload), None)
-            made = weights.peek(payload, verify=False).version
+        async def apply(fetched: weights.Prepared) -> dict:
+            made = weights.peek(fetched.payload, verify=False).version
             if made != body.version:
                 raise HTTPException(409, f"the relay sent version {made}, not {body.version}")
-            return await self._apply(slot, payload, prepared)
+            return await self._apply(slot, fetched.payload, fetched)
 
         try:
             got = await deliver(
                 lambda full: self._fetch(url, ({} if full else have) | {"version": body.version},
-                                         headers, what="relay", ahead=ahead), apply)
+                                         headers, what="relay"), apply)
         except (HTTPException, weights.WeightTransferError) as error:
             return None, str(getattr(error, "detail", error))
         return got, ""
@@ -359,10 +356,10 @@ class RolloutService:
             except NotHeld as error:
                 raise HTTPException(409, f"{error}; pull from the trainer") from None
 
-    async def _fetch(self, url: str, params: dict, headers: dict, what: str = "trainer",
-                     ahead: dict[int, weights.Prepared] | None = None) -> bytes | bytearray:
-        """The payload at `url`. With `ahead`, it is hashed and its sections inflated as it
-        arrives (weights.Incoming), and that work goes into ahead[id(payload)]."""
+    async def _fetch(self, url: str, params: dict, headers: dict,
+                     what: str = "trainer") -> weights.Prepared:
+        """The payload at `url` (`.payload`), hashed and its sections inflated as it arrived
+        (weights.Incoming; nothing done ahead when httpx read it)."""
         params = {k: v for k, v in params.items() if v is not None}
         http = self._http
         if http is None:
@@ -373,8 +370,7 @@ class RolloutService:
                 # the body straight into one buffer (httpx's 64 KB chunks cost 2-3x the time),
                 # unless a test injected a transport or the trainer is behind a proxy, https, ...
                 got = None if self.transport is not None else await get_octets(
-                    url, params, headers, timeout=FETCH_TIMEOUT,
-                    watch=incoming if ahead is not None else None)
+                    url, params, headers, timeout=FETCH_TIMEOUT, watch=incoming)
                 if got is None:
                     answer = await http.get(url, params=params, headers=headers)
                     got = answer.status_code, "", answer.content
@@ -383,17 +379,16 @@ class RolloutService:
                 raise HTTPException(502, f"could not reach the {what} at {url}: "
                                          f"{error!r}") from error
             status, _, content = got
-            if ahead is not None and status == 200:
+            prepared = None
+            if status == 200:
                 # the rest of the read-ahead (the last sections, the hash's tail) off the loop
                 prepared = await anyio.to_thread.run_sync(incoming.finish, content)
-                if prepared is not None:
-                    ahead[id(content)] = prepared
         if status != 200:
             # a trainer that refuses (4xx) is a setup error (424); one that fails (5xx) may recover
             text = content[:300].decode("utf-8", "replace")
             code = 502 if status >= 500 else 424
             raise HTTPException(code, f"{what} answered {status} for {url}: {text}")
-        return content
+        return prepared or weights.Prepared(content, None)
 
     async def push_weights(self, policy: str, payload: bytes) -> dict:
         slot = self._slot(policy)

@@ -28,7 +28,7 @@ from .store import PublishStats, WeightStore
 __all__ = ["deliver", "apply_to_engine", "transfer_metrics", "EnginePublisher", "StatePublisher"]
 
 R = TypeVar("R")
-P = TypeVar("P", bound=bytes | bytearray)  # a payload: bytes, or the buffer it was received into
+P = TypeVar("P")  # what fetch returns and apply takes: a payload, or one with work done on it
 
 
 async def deliver(
