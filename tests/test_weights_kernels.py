@@ -31,8 +31,10 @@ from astranb.weights import (
 @pytest.fixture(autouse=True)
 def compiled_for_every_size(monkeypatch):
     """The compiled loops for every payload here, however few its changes (_sections.py sends only
-    payloads of >= _COMPILED_WORK changes through them)."""
+    payloads of >= _COMPILED_WORK changes through them), loaded before each test, which may call
+    them directly: run alone (or first on its worker) it would otherwise find them not loaded."""
     monkeypatch.setattr(_sections, "_COMPILED_WORK", 0)
+    assert _kernels.available(), "numba is a dependency: `make setup` installs it"
 
 
 def test_numba_is_installed_and_the_compiled_loops_are_in_use():
