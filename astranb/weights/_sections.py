@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,15 +367,13 @@ def _apply_sections(
     `ready`: sections already inflated (weights.incoming), by their offset in `body`.
     """
     jobs: list[_Job] = []
-    offset = 0
     ready = ready or {}
-    for entry in entries:
+    for entry, spans in _section_spans(entries):
         parts: list[Section] = []
-        for size in entry["sections"]:
-            early = ready.get(offset)
-            parts.append(early if early is not None and len(early.raw) == size
-                         else body[offset : offset + size])
-            offset += size
+        for start, end in spans:
+            early = ready.get(start)
+            parts.append(early if early is not None and len(early.raw) == end - start
+                         else body[start:end])
         bits = _bits(tensors[entry["name"]], writable=True)
         work = entry["changed"] if entry["scheme"] in ("rice", "bitmap") else bits.size
         if entry["scheme"] != "same":
@@ -413,6 +411,20 @@ def _apply_sections(
         helper.join()
     if errors:
         raise errors[min(errors)]  # the first failing tensor in the payload's order
+
+
+def _section_spans(
+    entries: list[dict[str, Any]],
+) -> Iterator[tuple[dict[str, Any], list[tuple[int, int]]]]:
+    """Each tensor entry with its sections' (start, end) in the payload's body, in order (the
+    offsets weights.incoming keys the sections it inflated ahead by)."""
+    offset = 0
+    for entry in entries:
+        spans = []
+        for size in entry["sections"]:
+            spans.append((offset, offset + size))
+            offset += size
+        yield entry, spans
 
 
 def _decode_job(job: _Job, compiled: bool) -> None:

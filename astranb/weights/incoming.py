@@ -38,7 +38,7 @@ from typing import Any
 import xxhash
 import zstandard
 
-from ._sections import Inflated, _unzstd, _zstd_sections
+from ._sections import Inflated, _section_spans, _unzstd, _zstd_sections
 from .codec import _PREFIX, _TRAILER, _read_header, _read_prefix
 from .errors import CorruptPayload
 
@@ -229,15 +229,10 @@ class Incoming:
             total, header_len = _read_prefix(self._view)
             body = _PREFIX.size + header_len
             if self._got >= body and total == len(self._view):
-                offset = 0
-                for entry in _read_header(self._view, header_len).tensors:
-                    starts = [offset]
-                    for size in entry["sections"]:
-                        starts.append(starts[-1] + size)
+                for entry, spans in _section_spans(_read_header(self._view, header_len).tensors):
                     for index, skip, limit in _zstd_sections(entry):
-                        start, end = starts[index], starts[index + 1]
+                        start, end = spans[index]
                         jobs.append(_Job(start, body + start, body + end, skip, limit))
-                    offset = starts[-1]
         except (CorruptPayload, ValueError, KeyError, TypeError, IndexError):
             jobs.clear()  # not a payload this side can read ahead: apply will say what is wrong
         with self._cond:
