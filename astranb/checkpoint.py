@@ -313,10 +313,32 @@ def latest_good(root: Path, *, at_most: int | None = None) -> Checkpoint:
                           f"{'; '.join(skipped)}. Resuming from {path.name} instead",
                           RuntimeWarning, stacklevel=2)
         return found
-    detail = f" ({'; '.join(skipped)})" if skipped else ""
-    raise NoCheckpoint(f"no good checkpoint in {root}{detail}: the run stopped before its "
-                       "first checkpoint (train(checkpoint_every=N) writes one every N "
-                       "versions); start it again with session.train")
+    raise NoCheckpoint(_nothing_found(root, skipped, at_most))
+
+
+def _nothing_found(root: Path, skipped: Sequence[str], at_most: int | None) -> str:
+    """Why `latest_good` found nothing, from what is in `root`: damaged checkpoints (each with
+    why), only newer ones than asked for, an empty folder, or no folder at all."""
+    again = "; start the run again with session.train"
+    found = read_checkpoints(root)
+    if found:
+        damaged = f"damaged: {'; '.join(skipped)}" if skipped else ""
+        newer = len(found) - len(skipped)
+        past = (f"{newer} past version {at_most} (asked for at most that)"
+                if newer and at_most is not None else "")
+        what = " and ".join(part for part in (damaged, past) if part)
+        return (f"none of the {len(found)} checkpoint(s) in {root} can be resumed from: "
+                f"{what}{again}")
+    if root.is_dir():
+        leftovers = sorted(p.name for p in root.iterdir())
+        found_here = (f"only unfinished writes ({', '.join(leftovers)}): the process was killed "
+                      "while it wrote its first checkpoint" if leftovers else
+                      "it is empty: the run stopped before its first checkpoint, or they were "
+                      "deleted")
+        return f"no checkpoint in {root}: {found_here}{again}"
+    return (f"no checkpoints folder {root}: the run stopped before its first checkpoint "
+            "(train(checkpoint_every=N) writes one every N versions), or the folder was "
+            f"deleted{again}")
 
 
 # -- the run's plan -------------------------------------------------------------------------------

@@ -295,3 +295,43 @@ def test_a_full_or_read_only_disk_stops_the_run_with_a_clear_error(tmp_path, fau
             proc.communicate()
         for mount in reversed(mounts):
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fake_checkpoint(root: Path, version: int) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    from astranb.checkpoint import write_checkpoint
+
+    def save(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        save_file({"w": torch.full((4,), float(version))}, directory / "model.safetensors")
+
+    return write_checkpoint(root, version, save, {"version": version}, keep=5)
+
+
+def test_no_checkpoint_says_what_it_found(tmp_path):
+    root = tmp_path / "checkpoints" / "solver"
+    with pytest.raises(NoCheckpoint, match="no checkpoints folder .*or the folder was deleted"):
+        latest_good(root)
+    root.mkdir(parents=True)
+    with pytest.raises(NoCheckpoint, match="it is empty: .*or they were deleted"):
+        latest_good(root)
+    (root / ".tmp-step-000005-1234abcd").mkdir()
+    with pytest.raises(NoCheckpoint, match="only unfinished writes"):
+        latest_good(root)
+    first, second = _fake_checkpoint(root, 5), _fake_checkpoint(root, 10)
+    (first / "manifest.json").unlink()
+    model = second / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:10])
+    with pytest.raises(NoCheckpoint) as error:
+        latest_good(root)
+    message = str(error.value)
+    assert "none of the 2 checkpoint(s) in" in message and "damaged:" in message
+    assert "step-000010: model.safetensors has 10 bytes" in message
+    assert "step-000005: no readable manifest.json" in message
+    assert "stopped before its first checkpoint" not in message
+    good = _fake_checkpoint(root, 15)
+    with pytest.raises(NoCheckpoint, match="3 checkpoint.* damaged: .*step-000010.*1 past version 12"):
+        latest_good(root, at_most=12)
+    assert latest_good(root).path == good
