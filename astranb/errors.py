@@ -23,6 +23,8 @@ __all__ = [
     "ServiceRejected",
     "ReplayError",
     "EpisodeTruncated",
+    "SessionClosed",
+    "FolderNotWritable",
 ]
 
 
@@ -77,3 +79,25 @@ class EpisodeTruncated(AstranbError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class SessionClosed(AstranbError, RuntimeError):
+    """A Session was used after `close()` (or after a newer Session took its folder)."""
+
+
+class FolderNotWritable(AstranbError, OSError):
+    """A Session's folder cannot be written (a read-only mount, no permission): astranb keeps
+    its lock, metrics, episodes and checkpoints there."""
+
+    def __init__(self, path: object, error: OSError):
+        reason = error.strerror or str(error)
+        super().__init__(
+            error.errno, f"{path} is not writable ({reason}): a Session writes its lock file, "
+            "its runs' metrics, episodes and checkpoints in its folder. Make the folder "
+            "writable (or remount it read-write), or open the Session on a folder you can "
+            "write: ab.Session('some/writable/folder'). To read runs already there, "
+            "ab.open_run(path) needs no write access")
+        self.path, self.error = path, error
+
+    def __str__(self) -> str:
+        return str(self.strerror)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from .checkpoint import RecordWriteError
+from .errors import FolderNotWritable
 from .records import (
     DATA_FILE,
     LEGACY_FILE,
@@ -347,18 +348,21 @@ class Recorder:
                  record: str = "sample", per_step: int = 8, recent: int = 256, seed: int = 0):
         self.policy = RecordPolicy(record, per_step, recent)  # checked before touching the disk
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
         self._decode = dict(decode)
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._observers: list[Callable[[str, Any], None]] = []
-        self._metrics_file = open(directory / "metrics.jsonl", "a", encoding="utf-8")
         self._events: list[dict[str, Any]] = []
         self._events_path = directory / "events.jsonl"
         # episodes: chosen per pool, written as one zstd frame per metrics row (a syscall per
         # episode cost the event loop more than playing the episode on a small model)
         self._selection = Selection(self.policy, seed)
-        self._writer = FrameWriter(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._writer = FrameWriter(directory)
+        except OSError as error:  # before the run starts: say so, and what to do
+            raise FolderNotWritable(directory, getattr(error, "error", error)) from None
+        self._metrics_file = open(directory / "metrics.jsonl", "a", encoding="utf-8")
         self._source = _FrameSource(self._writer.table, FrameReader(self._writer.data_path),
                                     self._in_memory, self._attach)
         self._kept: deque[Episode] = deque(maxlen=recent)  # the last kept, newest last

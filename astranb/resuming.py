@@ -16,18 +16,22 @@ run's held-out windows and Recorder made again from the plan, and the run starte
 Lock: a Session writes `<folder>/session.lock` (pid, host, time) and removes it on close. A
 second Session on the same folder while the owner lives is refused, with the owner named. A lock
 whose process is gone (kill -9, a dead kernel) is taken over. Within one process, an earlier
-Session on the folder that runs nothing is closed first (a notebook cell run again); one that is
-still training is an error.
+Session on the folder that runs nothing is closed first, with a warning naming the folder (a
+notebook cell run again); using it afterwards raises `SessionClosed`. One that is still
+training is an error. A folder that cannot be written is `FolderNotWritable`; releasing the lock
+never raises (a lock left behind is taken over by the next Session, its owner being gone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import socket
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +52,7 @@ from .checkpoint import (
 )
 from .contracts import Checkpointable
 from .dataflow.config import RunConfig
-from .errors import AstranbError
+from .errors import AstranbError, FolderNotWritable
 from .evaluating import heldout, positive
 from .models import ModelSpec
 from .recorder import Recorder
@@ -359,6 +363,11 @@ class FolderLock:
                 raise FolderLocked(
                     f"another Session of this process trains in {directory} right now; stop "
                     "it first (run.stop(), then session.close()), or use another folder")
+            warnings.warn(
+                f"another Session of this process had {directory} open and ran nothing; it is "
+                "closed now, since one Session writes a folder (using it raises SessionClosed). "
+                "Close a Session you are done with (session.close()), or give each its own "
+                "folder", RuntimeWarning, stacklevel=3)
             earlier.close()  # a notebook cell run again: the old Session is done with
         self._take(directory)
         _holders[key] = owner
@@ -380,20 +389,34 @@ class FolderLock:
                         f"{owner.get('host')} (since {since}); close it there "
                         "(session.close()) or use another folder. If that process is gone, "
                         f"delete {self.path}") from None
-                self.path.unlink(missing_ok=True)  # its owner is gone: take it over
+                self._remove()  # its owner is gone: take it over
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
+            except OSError as error:  # a read-only folder, no permission
+                raise FolderNotWritable(directory, error) from None
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            except OSError as error:  # a full disk
+                raise FolderNotWritable(directory, error) from None
             return
         raise FolderLocked(f"could not take {self.path}: another process keeps creating it")
 
     def release(self) -> None:
+        """Remove the lock if this process holds it; never raises (a lock that cannot be removed,
+        on a folder gone read-only, is taken over later: its owner will be gone)."""
         owner = _read_owner(self.path)
         if owner is not None and owner.get("pid") == os.getpid() and \
                 owner.get("host") == socket.gethostname():
-            self.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
         if _holders.get(self._key) is self._owner():
             _holders.pop(self._key, None)
+
+    def _remove(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as error:
+            raise FolderNotWritable(self.path.parent, error) from None
 
 
 def _read_owner(path: Path) -> dict[str, Any] | None:

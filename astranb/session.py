@@ -34,6 +34,7 @@ from .dataflow.config import RunConfig
 from .dataflow.flow import Dataflow
 from .engines import HFEngine
 from .environments.base import Environment
+from .errors import FolderNotWritable, SessionClosed
 from .evaluation import RoleEvaluation, check_evaluation
 from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
@@ -95,7 +96,11 @@ class Session:
         transport: Callable[[str], Any] | None = None,
     ):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._closed = False
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise FolderNotWritable(self.directory, error) from None
         self._lock = FolderLock(self.directory, self)  # one live Session per folder
         self.device = device
         self.policies: dict[str, Policy] = {}
@@ -158,6 +163,7 @@ class Session:
                 (engines in this process only: rollout services always get payloads).
             full_every: versions between forced full snapshots ("delta" only; 0: never forced).
         """
+        self._check_open()
         if name in self.policies:
             raise ValueError(f"a policy named {name!r} exists already; pick another name")
         if weight_transfer not in ("delta", "state"):
@@ -242,6 +248,7 @@ class Session:
 
     def add_rollout(self, url: str) -> None:
         """Use one more rollout service, also during a run (it catches up, then gets work)."""
+        self._check_open()
         if self._pool is None:
             raise ValueError("this session plays episodes in this process; create it with "
                              "Session(..., rollout=[url, ...]) to use rollout services")
@@ -249,6 +256,7 @@ class Session:
 
     def remove_rollout(self, url: str) -> None:
         """Stop using a rollout service; its in-flight episodes are resubmitted to the others."""
+        self._check_open()
         if self._pool is None:
             raise ValueError("this session has no rollout services")
         self._loop().call(self._pool.remove, url)
@@ -274,6 +282,7 @@ class Session:
         several environments to train on all of them; a run picks each group's environment with
         probability proportional to `weight`. Wiring an environment again replaces its wiring.
         """
+        self._check_open()
         if isinstance(env, str):
             env = environments.load(env)
         if not isinstance(env, Environment):
@@ -371,6 +380,7 @@ class Session:
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
+        self._check_open()
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
         if autoscale is not None and self._pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
@@ -422,6 +432,7 @@ class Session:
             NoCheckpoint: the run has no plan or no good checkpoint.
             ValueError: the run finished already, or its environments cannot be made again.
         """
+        self._check_open()
         return resuming.resume(self, run, envs, loggers)
 
     @overload
@@ -467,6 +478,7 @@ class Session:
             RuntimeWarning: the weights changed while the evaluation played (a run was
                 training), so its tokens come from more than one version.
         """
+        self._check_open()
         evaluating.positive("n", n, "the number of problems to play")
         evaluating.positive("k", k, "plays per problem")
         if env is None:
@@ -491,6 +503,7 @@ class Session:
         from ._loopthread import untrack
 
         untrack(self)
+        self._closed = True
         try:
             for run in self._runs:
                 run.stop()
@@ -556,8 +569,21 @@ class Session:
     def _run_on_loop(self, fn):
         return self._loop().call(fn)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed(
+                f"this Session on {self.directory} was closed (session.close(), or a newer "
+                "Session of this process took its folder); its policies and engines are gone. "
+                f"Open a new one: ab.Session({str(self.directory)!r})")
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (then every use raises SessionClosed)."""
+        return self._closed
+
     def _loop(self):
         if self._portal is None:
+            self._check_open()
             from ._loopthread import track
 
             self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))

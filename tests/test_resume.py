@@ -8,6 +8,7 @@ root only), and the errors that say what to do.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from astranb.checkpoint import (
     set_aside_rows,
     verify,
 )
+from astranb.errors import FolderNotWritable, SessionClosed
 from astranb.resuming import FolderLocked
 from astranb.weights.codec import checksum
 
@@ -215,8 +217,10 @@ def test_a_second_session_on_a_live_folder_is_refused(tmp_path):
     run.stop()
     while run.status == "running":
         time.sleep(0.05)
-    again = ab.Session(tmp_path / "runs")  # the idle one is closed for it
-    assert session._portal is None
+    with pytest.warns(RuntimeWarning, match=f"{tmp_path / 'runs'} open and ran nothing; it is "
+                                            "closed now"):
+        again = ab.Session(tmp_path / "runs")  # the idle one is closed for it
+    assert session.closed and not again.closed
     again.close()
     assert not (tmp_path / "runs" / "session.lock").exists()
 
@@ -332,6 +336,73 @@ def test_no_checkpoint_says_what_it_found(tmp_path):
     assert "step-000005: no readable manifest.json" in message
     assert "stopped before its first checkpoint" not in message
     good = _fake_checkpoint(root, 15)
-    with pytest.raises(NoCheckpoint, match="3 checkpoint.* damaged: .*step-000010.*1 past version 12"):
+    with pytest.raises(NoCheckpoint,
+                       match="3 checkpoint.* damaged: .*step-000010.*1 past version 12"):
         latest_good(root, at_most=12)
     assert latest_good(root).path == good
+
+
+def test_a_session_closed_by_a_newer_one_on_its_folder_says_so_when_used(tmp_path):
+    first = ab.Session(tmp_path, trainer="thread")
+    policy = first.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2))
+    env = first.wire(ab.environments.load("arithmetic"), solver=policy)
+    with pytest.warns(RuntimeWarning, match="closed now.*raises SessionClosed"):
+        second = ab.Session(tmp_path, trainer="thread")
+    uses = {
+        "evaluate": lambda: first.evaluate(n=8),
+        "train": lambda: first.train(steps=1, batch_size=8, group_size=8),
+        "policy": lambda: first.policy("other", model=ab.models.tiny(hidden_size=32)),
+        "wire": lambda: first.wire(env, solver=policy),
+        "resume": lambda: first.resume(),
+        "add_rollout": lambda: first.add_rollout("http://127.0.0.1:1"),
+    }
+    for name, use in uses.items():
+        with pytest.raises(SessionClosed, match=f"Session on {tmp_path} was closed") as error:
+            use()
+        assert "ab.Session(" in str(error.value), name
+    first.close()  # closing again is fine
+    second.close()
+
+
+# -- read-only folders: a read-only tmpfs (needs root) ---------------------------------------------
+
+def _mount_tmpfs(path: Path, *options: str) -> None:
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=8m", *options)),
+                           "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def test_a_read_only_folder_gets_a_clear_error_and_close_does_not_raise(tmp_path):
+    ro = tmp_path / "ro"
+    _mount_tmpfs(ro, "ro")
+    try:
+        for folder in (ro, ro / "runs"):
+            with pytest.raises(FolderNotWritable, match=f"{folder} is not writable "
+                               r"\(Read-only file system\).*writable.*ab.open_run") as error:
+                ab.Session(folder, trainer="thread")
+            assert isinstance(error.value, OSError) and error.value.errno == errno.EROFS
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk)
+    try:
+        session = ab.Session(disk, trainer="thread")
+        policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2))
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        with pytest.raises(FolderNotWritable, match=f"{disk / 'run-000'} is not writable "
+                                                    r"\(Read-only file system\)"):
+            session.train(steps=1, batch_size=8, group_size=8)
+        session.close()  # its lock file cannot be removed: no error over it
+        assert (disk / "session.lock").exists()
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        again = ab.Session(disk, trainer="thread")  # the lock left behind is taken over
+        again.close()
+        assert not (disk / "session.lock").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
