@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -94,3 +96,44 @@ def test_entropy_bonus_raises_entropy():
 def test_optimizer_validation():
     with pytest.raises(ValueError, match="lr must be a positive number"):
         ab.AdamWConfig(lr=0)
+
+
+def test_the_logp_gap_metric_is_the_mean_and_max_distance_to_the_engine_logprobs():
+    spec = ab.models.tiny(hidden_size=32, num_heads=2)
+    batch = build_batch([group(0, [(0, 0, 0), (0,), (0, 0), (0, 0, 0)], [1.0, 0.0, 0.5, 0.0])],
+                        "p", ab.GRPO(), pad_id=0)
+    trainer = LocalTrainer(spec, ab.GRPO())
+    with torch.no_grad():
+        logp, _ = token_logprobs(trainer.model, batch, slice(0, batch.size))
+    trained = batch.loss_mask_B_T > 0
+    # the engine's logprobs, off from the trainer's by known amounts: 9 trained tokens with
+    # offsets 0.01, -0.02, ..., (-1)^i (i+1)/100: mean |offset| 0.05, max 0.09
+    offsets = torch.tensor([(-1) ** i * (i + 1) / 100 for i in range(int(trained.sum()))])
+    assert len(offsets) == 9
+    old = batch.old_logp_B_T.clone()
+    old[trained] = logp[trained] + offsets
+    batch = dataclasses.replace(batch, old_logp_B_T=old)
+    for rows in (4, 1):  # one forward, or one per row: micro-batches combine to the same
+        metrics = LocalTrainer(spec, ab.GRPO(), micro_batch_size=rows).step(batch)
+        assert metrics["logp_gap_mean"] == pytest.approx(0.05, abs=1e-6)
+        assert metrics["logp_gap_max"] == pytest.approx(0.09, abs=1e-6)
+
+
+@pytest.mark.parametrize("trainer", ["thread", "process"])
+def test_engine_samples_with_bf16_weights_so_the_logp_gap_is_above_zero_at_version_0(
+        tmp_path, trainer):
+    def first_row(folder, **options):
+        with ab.Session(folder, trainer=trainer) as session:
+            policy = session.policy("p", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                                    **options)
+            session.wire(ab.environments.load("arithmetic"), solver=policy)
+            run = session.train(steps=1, batch_size=16, group_size=8, max_staleness=0)
+            run.wait(progress=False)
+            return run.rows[0]
+
+    bf16 = first_row(tmp_path / "bf16")  # fp32 trainer, engine on its bf16-rounded weights
+    assert bf16["token_version_max"] == 0  # every token sampled by the trainer's own version
+    assert 1e-5 < bf16["logp_gap_mean"] <= bf16["logp_gap_max"] < 0.1
+    if trainer == "thread":  # full-precision copies: only the kernels differ
+        fp32 = first_row(tmp_path / "fp32", weight_transfer="state")
+        assert fp32["logp_gap_max"] < bf16["logp_gap_max"] / 10

@@ -84,6 +84,7 @@ from ..models import ModelSpec
 from ..types import Batch
 from .collective import Collective, Command, RankZeroLost
 from .local import (
+    MAX_METRICS,
     AdamWConfig,
     backward_micro_batches,
     clip_and_step,
@@ -180,11 +181,18 @@ class _Replica:
         return totals
 
     def _sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
-        keys = sorted(totals)  # every rank ran the same loss code, so the key sets agree
-        values = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(values)
-        summed = dict(zip(keys, values.tolist(), strict=True))
-        return {k: summed[k] for k in totals}
+        """Token-weighted sums add up over ranks; MAX_METRICS take the largest rank's."""
+        out: dict[str, float] = {}
+        for op, keys in ((dist.ReduceOp.SUM, sorted(set(totals) - MAX_METRICS)),
+                         (dist.ReduceOp.MAX, sorted(set(totals) & MAX_METRICS))):
+            # every rank ran the same loss code, so the key sets agree
+            if not keys:
+                continue
+            values = torch.tensor([totals[k] for k in keys], dtype=torch.float64,
+                                  device=self.device)
+            dist.all_reduce(values, op=op)
+            out.update(zip(keys, values.tolist(), strict=True))
+        return {k: out[k] for k in totals}
 
     def gather(self, command: Command):
         policy = self.policies[command.args["name"]]

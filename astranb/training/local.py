@@ -32,6 +32,8 @@ __all__ = [
     "AdamW",
     "LocalTrainer",
     "token_logprobs",
+    "logp_gap",
+    "MAX_METRICS",
     "micro_batches",
     "backward_micro_batches",
     "clip_and_step",
@@ -157,8 +159,31 @@ def backward_micro_batches(
         weight = float(batch.loss_mask_B_T[part].sum()) / num_tokens
         totals["loss"] = totals.get("loss", 0.0) + float(loss)
         for key, value in metrics.items():
-            totals[key] = totals.get(key, 0.0) + value * weight
+            if key in MAX_METRICS:
+                totals[key] = max(totals.get(key, 0.0), value)
+            else:
+                totals[key] = totals.get(key, 0.0) + value * weight
     return totals
+
+
+MAX_METRICS = frozenset({"logp_gap_max"})
+"""Step metrics that are a maximum over the step's tokens, not a token mean: micro-batches
+(and data-parallel ranks) combine them with max instead of a weighted sum."""
+
+
+def logp_gap(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor,
+             mask_B_T: torch.Tensor) -> tuple[float, float]:
+    """Mean and max of |trainer logprob - engine logprob| over the trained tokens.
+
+    The engine samples from bf16 copies of the trainer's weights (and its own kernels), so
+    even at staleness 0 the two logprobs differ a little (~1e-3 on a tiny fp32 model); with
+    staleness the policy's own drift adds to it. (0, 0) when no token is trained.
+    """
+    trained = mask_B_T > 0
+    if not bool(trained.any()):
+        return 0.0, 0.0
+    gap = (logp_B_T.detach() - old_logp_B_T).abs()[trained]
+    return float(gap.mean()), float(gap.max())
 
 
 def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_tokens: int):
@@ -172,6 +197,8 @@ def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_toke
         loss = loss - algorithm.entropy_coef * mean_entropy
     # metrics are per-token means over this micro-batch; the caller re-weights them by its tokens
     metrics["entropy"] = float(mean_entropy.detach()) * num_tokens / max(float(mask.sum()), 1.0)
+    metrics["logp_gap_mean"], metrics["logp_gap_max"] = logp_gap(
+        logp, batch.old_logp_B_T[rows], mask)
     loss.backward()
     return loss.detach(), metrics
 
