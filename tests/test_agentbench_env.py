@@ -53,7 +53,8 @@ def test_unfinished_samples_score_0_and_say_why(fake, replies, counts):
     assert secret(4) == 9
     env = make(fake)
     trajectory = play(env, {"index": 4}, agent=scripted("a", *replies))
-    assert trajectory.rewards == {"agent": 0.0} and dict(trajectory.counts) == counts
+    assert trajectory.rewards == {"agent": 0.0}
+    assert dict(trajectory.counts) == {"retokenized": 0, **counts}
     assert fake.cancelled == [] and fake.sessions == {}  # the server ended them itself
 
 
@@ -61,7 +62,7 @@ def test_a_sample_out_of_turns_is_cancelled_on_the_server(fake):
     env = make(fake, max_turns=2)
     trajectory = play(env, {"index": 4}, agent=scripted("a", "ACTION: 1", "ACTION: 2"))
     assert trajectory.rewards == {"agent": 0.0}
-    assert dict(trajectory.counts) == {"out_of_turns": 1}
+    assert dict(trajectory.counts) == {"retokenized": 0, "out_of_turns": 1}
     assert fake.cancelled == [0] and fake.sessions == {}
 
 

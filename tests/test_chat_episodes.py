@@ -114,7 +114,7 @@ def test_three_turn_tool_conversation_keeps_the_sampled_tokens(tokenizer):
         new = tokenizer.decode(list(after.generation.prompt_ids[len(kept):]),
                                skip_special_tokens=False)
         assert "<tool_response>" in new and "<|im_start|>assistant\n" in new
-    assert "retokenized" not in traj.counts
+    assert traj.counts == {"retokenized": 0}  # counted on every chat turn
     # trained as one sequence, loss on exactly the sampled tokens
     assert chains(list(traj.turns)) == [list(traj.turns)]
     other = _play(ToolConversation(), ScriptedEngine(
@@ -185,7 +185,7 @@ def test_malformed_calls_unknown_tools_and_raising_tools_become_tool_messages(to
             '<tool_call>{"name": "explode", "arguments": [1]}</tool_call>')
     traj = _play(Messy(), ScriptedEngine(tokenizer, [text]), tokenizer)
     assert traj.ok and traj.rewards == {"agent": 3.0}
-    assert traj.counts == {"malformed_tool_calls": 1, "tool_errors": 1}
+    assert traj.counts == {"retokenized": 0, "malformed_tool_calls": 1, "tool_errors": 1}
     contents = [m["content"] for m in seen]
     assert all(m["role"] == "tool" for m in seen) and len(seen) == 3
     assert contents[0].startswith("error: malformed tool call")
@@ -306,3 +306,59 @@ def test_the_debugger_shows_chat_turns_tool_calls_and_masks(tokenizer):
                              f"{sizes[1][1]} tokens: loss 1")
     assert [s.tool for s in dbg.steps if s.kind == "tool"] == ["add", "mul"]
     assert "loss mask" in dbg.to_html() and "loss mask" in repr(dbg)
+
+
+class Rebuilt(ab.Environment):
+    """Two turns over a conversation the episode builds anew between them: `messages + [...]`
+    (the reply kept as ctx.chat appended it), or from the parsed reply's content."""
+
+    roles = ("agent",)
+
+    def __init__(self, keep_reply: bool):
+        self.keep_reply = keep_reply
+
+    def samples(self, seed=0):
+        yield {}
+
+    async def episode(self, ctx, sample):
+        asked = [{"role": "user", "content": "first"}]
+        messages = list(asked)
+        reply = await ctx.chat("agent", messages)
+        if self.keep_reply:  # a new list, equal in content to what ctx.chat left
+            messages = messages + [{"role": "user", "content": "second"}]
+        else:  # the assistant message rebuilt from the parsed content
+            messages = asked + [{"role": "assistant", "content": reply.content},
+                                {"role": "user", "content": "second"}]
+        await ctx.chat("agent", messages)
+        return 1.0
+
+
+def test_a_conversation_rebuilt_as_a_new_list_keeps_its_sampled_tokens(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["<think>hm</think>one", "two"])
+    traj = _play(Rebuilt(keep_reply=True), engine, tokenizer)
+    first, second = traj.turns
+    kept = first.generation.prompt_ids + first.generation.completion_ids
+    assert second.generation.prompt_ids[: len(kept)] == kept  # found by content, not by list
+    assert traj.counts == {"retokenized": 0}
+    assert chains([first, second]) == [[first, second]]
+
+
+def test_a_conversation_whose_reply_was_rewritten_is_counted_and_warned_about(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["<think>hm</think>one", "two"])
+    with pytest.warns(RuntimeWarning, match="tokenized afresh.*count/retokenized.*msg.text"):
+        traj = _play(Rebuilt(keep_reply=False), engine, tokenizer)
+    first, second = traj.turns
+    kept = first.generation.prompt_ids + first.generation.completion_ids
+    assert second.generation.prompt_ids[: len(kept)] != kept
+    assert traj.counts == {"retokenized": 1}
+    assert chains([first, second]) == [[first], [second]]
+
+
+def test_rows_report_the_retokenized_count_as_0_when_nothing_was_retokenized(tokenizer):
+    from astranb.dataflow.orchestrator import RolloutCounters
+
+    counters = RolloutCounters()
+    traj = _play(ToolConversation(), ScriptedEngine(
+        tokenizer, [CALL.format("add", 2, 3), CALL.format("mul", 5, 4), "20"]), tokenizer)
+    counters.add(traj, ["p"])
+    assert counters.take_episode_facts("p") == {"truncated": 0, "count/retokenized": 0}

@@ -278,7 +278,8 @@ def gsm8k(verifier):
 def test_single_mode(gsm8k, completion, reward, counts):
     policy = scripted("p", completion)
     trajectory = play(gsm8k(), GSM8K[0], solver=policy)
-    assert trajectory.rewards == {"solver": reward} and dict(trajectory.counts) == counts
+    assert trajectory.rewards == {"solver": reward}
+    assert dict(trajectory.counts) == {"retokenized": 0, **counts}
     assert trajectory.error is None and trajectory.truncated is None
     prompt = policy.engine.prompts[0]
     assert prompt.startswith("<|im_start|>system\nSolve the math problem.")
@@ -374,7 +375,7 @@ def test_tools_mode_runs_out_of_turns(gsm8k):
     policy = scripted("p", call("1 + 1"), call("2 + 2"), call("4 + 4"))
     trajectory = play(gsm8k(mode="tools", max_turns=3), GSM8K[0], solver=policy)
     assert trajectory.rewards == {"solver": 0.0} and len(trajectory.turns) == 3
-    assert trajectory.counts == {"out_of_turns": 1, "no_answer": 1}
+    assert trajectory.counts == {"retokenized": 0, "out_of_turns": 1, "no_answer": 1}
     assert [c.name for c in trajectory.tool_calls] == ["calculator", "calculator"]
 
 
@@ -420,12 +421,13 @@ def test_a_verify_timeout_ends_only_its_own_episode(monkeypatch):
         anyio.run(main)
     finally:
         checker.close()
-    assert results[1].rewards == {"solver": 0.0} and results[1].counts == {"verify_timeout": 1}
+    assert results[1].rewards == {"solver": 0.0}
+    assert results[1].counts == {"retokenized": 0, "verify_timeout": 1}
     assert results[1].error is None
     assert results[1].tool_calls[0].result["timed_out"] is True
     assert "longer than 1 s" in results[1].tool_calls[0].result["error"]
     assert results[0].rewards == {"solver": 1.0} and results[2].rewards == {"solver": 1.0}
-    assert results[0].counts == {} and results[2].counts == {}
+    assert results[0].counts == results[2].counts == {"retokenized": 0}
 
 
 def test_a_sample_without_a_gold_answer_fails_its_episode_only(gsm8k):

@@ -167,7 +167,7 @@ def test_rewards_and_counts(env, replies, reward, counts):
     policy = scripted("s", *[r.format(gold=gold) for r in replies])
     trajectory = play(env, question, searcher=policy)
     assert trajectory.rewards["searcher"] == pytest.approx(reward)
-    assert dict(trajectory.counts) == counts
+    assert dict(trajectory.counts) == {"retokenized": 0, **counts}
 
 
 def test_exact_match_reward():
@@ -185,7 +185,7 @@ def test_a_retriever_that_is_down_ends_only_the_episode():
                                           transport=httpx.MockTransport(refuse)))
     trajectory = play(env, QUESTIONS[0], searcher=scripted("s", "<search>q</search>"))
     assert trajectory.rewards == {"searcher": 0.0} and trajectory.error is None
-    assert dict(trajectory.counts) == {"retriever_down": 1}
+    assert dict(trajectory.counts) == {"retokenized": 0, "retriever_down": 1}
     assert "did not answer" in trajectory.tool_calls[0].error
 
 

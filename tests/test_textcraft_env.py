@@ -116,7 +116,8 @@ def test_the_scripted_optimal_player_solves_tasks_alone():
     for task in tasks:
         trajectory = play(env, task, crafter=oracle(env))
         assert trajectory.rewards == {"crafter": 1.0}, trajectory.truncated
-        assert trajectory.counts == {} and all(t.agent == "" for t in trajectory.turns)
+        assert trajectory.counts == {"retokenized": 0}
+        assert all(t.agent == "" for t in trajectory.turns)
 
 
 def test_the_scripted_player_solves_tasks_with_sub_agents_credited_to_their_role():
@@ -179,7 +180,8 @@ def test_bad_actions_are_outcomes_not_crashes():
     trajectory = play(env, {**task, "max_steps": 4},
                       crafter=policy("p", lambda prompt: next(replies)))
     assert trajectory.error is None and trajectory.rewards == {"crafter": 0.0}
-    assert trajectory.counts == {"malformed_action": 3, "crafts_failed": 1, "out_of_steps": 1}
+    assert trajectory.counts == {"retokenized": 0, "malformed_action": 3, "crafts_failed": 1,
+                                 "out_of_steps": 1}
 
 
 def test_spawn_past_the_depth_budget_is_refused_and_counted():

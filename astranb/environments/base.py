@@ -180,10 +180,12 @@ class EpisodeContext:
         """One assistant turn of a conversation: render, generate, parse, append.
 
         The conversation keeps its tokens across calls (token-in/token-out): the prompt of a
-        later call on the same `messages` list is the earlier prompt and completion, exactly as
+        later call whose messages extend what an earlier call left (the same list appended to,
+        or a new list `messages + [...]`) is the earlier prompt and completion, exactly as
         sampled, plus only the tokens of the messages added since. History is never tokenized
-        again, unless the chat template rewrote it (then the whole conversation is tokenized
-        afresh and counted as `count/retokenized`).
+        again, unless the chat template rewrote it or the environment changed an earlier
+        assistant message (then the whole conversation is tokenized afresh and counted as
+        `count/retokenized`, with a warning in the second case).
 
         Args:
             role: one of the environment's roles.
@@ -206,12 +208,12 @@ class EpisodeContext:
         schemas = schemas_of(tools)
         fallbacks = self._conversations.fallbacks
         prompt_ids = self._conversations.prompt_ids(tokenizer, messages, schemas)
-        if self._conversations.fallbacks > fallbacks:
-            self.count("retokenized")
+        # counted on every turn (0 or 1), so runs report the column from the first row
+        self.count("retokenized", self._conversations.fallbacks - fallbacks)
         generation = await self.generate(role, prompt_ids, **sampling)
-        self._conversations.keep(messages, schemas, generation)
         text = completion_text(tokenizer, generation)
         messages.append({"role": "assistant", "content": text})
+        self._conversations.keep(messages, schemas, generation)
         parsed = parse_assistant(text)
         if parsed.errors:
             self.count("malformed_tool_calls", len(parsed.errors))

@@ -10,6 +10,12 @@ tool results, the next user message, the generation prompt):
     turn 2   [ prompt_1 .................. ][ completion_1 ][ delta_2 ][ completion_2 ]
                                                              ^ tokenized on its own
 
+A later call continues a conversation when its messages start with exactly what an earlier call
+left (its messages plus the reply it appended): the same list appended to, or a new one built
+from it (`messages = messages + [...]`). One that repeats an earlier turn's messages followed by
+another assistant message than the reply (rebuilt from `msg.content`, say) cannot keep the
+sampled tokens: it is tokenized afresh, counted as `count/retokenized`, and warned about once.
+
 `delta_2` is the text the template renders after what the ids already decode to. That only makes
 sense when the template is append-only for this conversation: the new rendering must start with
 the decoded ids. A template that rewrites history (Qwen3's strips past `<think>` blocks) breaks
@@ -20,13 +26,15 @@ sequence token for token, trains such turns as separate rows.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import Generation
 
-__all__ = ["ChatMessage", "ToolOutcome", "Conversations"]
+__all__ = ["ChatMessage", "ToolOutcome", "Conversations", "REBUILT"]
 
 
 @dataclass(frozen=True)
@@ -68,39 +76,94 @@ class ToolOutcome:
 @dataclass
 class _State:
     messages: list[dict[str, Any]]
-    """The conversation (held so that its id cannot be reused by another list)."""
+    """The list the turn was asked on (held so that its id cannot be reused by another list)."""
+    seen: list[dict[str, Any]]
+    """A copy of the conversation as the turn left it: its messages and the appended reply."""
     ids: tuple[int, ...]
-    """Prompt + completion of the last turn."""
+    """Prompt + completion of the turn."""
     tools: str
     """The tool schemas the conversation was rendered with (a change re-renders)."""
 
 
+REBUILT = (
+    "ctx.chat got a conversation whose earlier turns differ from what ctx.chat left in it "
+    "(an assistant message replaced or edited, e.g. rebuilt from msg.content): its prompt was "
+    "tokenized afresh and the sampled tokens are lost for training (counted as "
+    "count/retokenized). Keep the assistant message ctx.chat appended as it is: append to the "
+    "list (messages.append / messages + [...] both work), or use msg.text as its content")
+"""The warning (shown once per place) for a conversation rebuilt by the environment."""
+
+_KEEP = 16
+"""Conversations remembered per episode (the most recent turns' ones)."""
+
+
 @dataclass
 class Conversations:
-    """The token state of each conversation of one episode, keyed by the messages list."""
+    """The token state of each conversation of one episode, found by content.
 
-    states: dict[int, _State] = field(default_factory=dict)
+    A turn's messages continue a conversation when they start with exactly the messages an
+    earlier turn left (its messages and the reply appended to them), whether in the same list
+    or a new one (`messages = messages + [...]`). A list that repeats an earlier turn's
+    messages but then has another assistant message than the reply was rebuilt by the caller:
+    it is tokenized afresh, counted in `rebuilt` and warned about.
+    """
+
+    states: list[_State] = field(default_factory=list)
     fallbacks: int = 0
     """Turns whose prompt could not extend the conversation's tokens (history re-rendered)."""
+    rebuilt: int = 0
+    """Of those, turns whose conversation the environment changed (see `REBUILT`)."""
 
     def prompt_ids(self, tokenizer: Any, messages: list[dict[str, Any]],
                    schemas: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
         """The next prompt of `messages`: the kept ids plus the tokens of what was added."""
         text = render(tokenizer, messages, schemas)
         tools = repr(schemas)
-        state = self.states.get(id(messages))
-        if state is not None and state.messages is messages and state.tools == tools:
+        state = self._continued(messages, tools)
+        if state is not None:
             extended = extend(tokenizer, state.ids, text)
             if extended is not None:
                 return extended
+            self.fallbacks += 1  # the template rewrote the history
+        elif self._changed(messages, tools):
             self.fallbacks += 1
+            self.rebuilt += 1
+            warnings.warn(REBUILT, RuntimeWarning, stacklevel=3)
         return encode(tokenizer, text)
 
     def keep(self, messages: list[dict[str, Any]], schemas: Sequence[Mapping[str, Any]],
              generation: Generation) -> None:
-        """Remember the sampled turn: the conversation now ends with its completion tokens."""
-        self.states[id(messages)] = _State(
-            messages, generation.prompt_ids + generation.completion_ids, repr(schemas))
+        """Remember the sampled turn: `messages` now ends with its reply, and the conversation's
+        tokens with its completion."""
+        tools = repr(schemas)
+        continued = self._continued(messages[:-1], tools)
+        if continued is not None:
+            self.states.remove(continued)  # the conversation's newer state replaces it
+        self.states.append(_State(messages, copy.deepcopy(messages),
+                                  generation.prompt_ids + generation.completion_ids, tools))
+        del self.states[:-_KEEP]
+
+    def _continued(self, messages: list[dict[str, Any]], tools: str) -> _State | None:
+        """The newest state whose conversation `messages` start with (same tools)."""
+        for state in reversed(self.states):
+            n = len(state.seen)
+            if state.tools == tools and len(messages) >= n and messages[:n] == state.seen:
+                return state
+        return None
+
+    def _changed(self, messages: list[dict[str, Any]], tools: str) -> bool:
+        """Whether `messages` is an earlier turn's conversation with its history changed: the
+        same list edited in place, or the turn's messages followed by another assistant message
+        than the reply."""
+        for state in self.states:
+            if state.messages is messages:
+                return True
+            asked = len(state.seen) - 1  # the turn's messages, before its reply
+            if (state.tools == tools and len(messages) > asked
+                    and messages[asked].get("role") == "assistant"
+                    and messages[:asked] == state.seen[:asked]):
+                return True
+        return False
 
 
 def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
