@@ -89,6 +89,9 @@ class Episode:
     """Why the episode was cut short (context or token budget), or None."""
     counts: Mapping[str, int] = field(default_factory=dict)
     """What the episode counted with `ctx.count`."""
+    sample_id: str = ""
+    """Which sample of the run's streams it played ("<stream>:<position>"; see
+    `Trajectory.sample_id`)."""
 
     def show(self) -> EpisodeDebugger:
         """Open the episode in the step-through debugger, display it, and return it.
@@ -148,6 +151,7 @@ class Episode:
             "env": self.env,
             "truncated": self.truncated,
             "counts": dict(self.counts),
+            "sample_id": self.sample_id,
         }
 
     @classmethod
@@ -158,7 +162,8 @@ class Episode:
                    tuple(data["turns"]), dict(data["rewards"]), data.get("error"),
                    int(data.get("trainer_version", 0)), tuple(data.get("tool_calls") or ()),
                    str(data.get("env", "")), truncated=data.get("truncated"),
-                   counts={str(k): int(v) for k, v in (data.get("counts") or {}).items()})
+                   counts={str(k): int(v) for k, v in (data.get("counts") or {}).items()},
+                   sample_id=str(data.get("sample_id", "")))
 
     @classmethod
     def from_trajectory(cls, traj: Trajectory, index: int = 0, trainer_version: int = 0, *,
@@ -191,6 +196,7 @@ class Episode:
             tokenizers=tokenizers,
             truncated=traj.truncated,
             counts=dict(traj.counts),
+            sample_id=traj.sample_id,
         )
 
 
@@ -453,11 +459,13 @@ class Recorder:
             self._writer.write([(_json_line(e.to_json()) + "\n").encode() for e in kept])
             self._kept.extend(kept)
 
-    def continue_from(self, rows: list[dict[str, Any]]) -> None:
+    def continue_from(self, rows: list[dict[str, Any]], played: int = 0) -> None:
         """Start from the rows a resumed run keeps (already in metrics.jsonl): `rows`, the
-        metrics and the dashboard show the whole series."""
+        metrics and the dashboard show the whole series; episode indices go on from `played`
+        (the episodes the interrupted run played before its checkpoint)."""
         with self._lock:
             self._rows[:0] = [dict(r) for r in rows]
+            self._played = max(self._played, played)
 
     # -- reading (any thread) ------------------------------------------------------------------
     @property

@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import random
 import struct
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -62,10 +63,11 @@ from .errors import AstranbError
 __all__ = [
     "DATA_FILE", "INDEX_FILE", "LEGACY_FILE", "MODES", "DamagedRecord", "Frame",
     "FrameReader", "FrameTable", "FrameWriter", "LineTable", "RecordPolicy", "Selection",
-    "load_frames", "read_jsonl", "reservoir_slot",
+    "load_frames", "read_jsonl", "reservoir_slot", "set_aside_episodes", "DISCARDED_FILE",
 ]
 
 DATA_FILE = "episodes.jsonl.zst"
+DISCARDED_FILE = "episodes.discarded.jsonl.zst"
 INDEX_FILE = "episodes.index"
 LEGACY_FILE = "episodes.jsonl"
 MODES = ("sample", "all", "none")
@@ -349,6 +351,49 @@ class FrameWriter:
     @property
     def closed(self) -> bool:
         return self._data.closed
+
+
+def set_aside_episodes(directory: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Move the recorded episodes that `keep` refuses out of a folder's record, into
+    `episodes.discarded.jsonl.zst` (zstd frames of the same JSON lines, appended); returns how
+    many moved. What a resumed run does with the episodes of steps it trains again.
+
+    The record is rewritten whole (frames before the first change byte for byte) into a
+    temporary file renamed over it; the index is removed first and written last, so a crash
+    leaves a record that `load_frames` scans. A damaged frame stops the work: nothing is moved.
+    """
+    frames = load_frames(directory)
+    if not frames:
+        return 0
+    reader = FrameReader(directory / DATA_FILE)
+    blobs: list[tuple[bytes, int]] = []  # the new record's frames and their episode counts
+    moved: list[bytes] = []
+    changed = False
+    for frame in frames:
+        lines = reader.lines(frame)
+        kept = [line for line in lines if keep(json.loads(line))]
+        moved += [line + b"\n" for line in lines if not keep(json.loads(line))]
+        changed = changed or len(kept) != len(lines)
+        if kept and not changed:
+            with open(directory / DATA_FILE, "rb") as f:
+                f.seek(frame.offset)
+                blobs.append((f.read(frame.length), len(kept)))
+        elif kept:
+            blobs.append((encode_frame([line + b"\n" for line in kept]), len(kept)))
+    if not moved:
+        return 0
+    with open(directory / DISCARDED_FILE, "ab") as f:
+        f.write(encode_frame(moved))
+        f.flush()
+        os.fsync(f.fileno())
+    (directory / INDEX_FILE).unlink(missing_ok=True)
+    atomic_write_bytes(directory / DATA_FILE, b"".join(blob for blob, _ in blobs))
+    index, offset = [], 0
+    for blob, episodes in blobs:
+        index.append(_ENTRY.pack(offset, len(blob), episodes))
+        offset += len(blob)
+    atomic_write_bytes(directory / INDEX_FILE, _MAGIC + b"".join(index))
+    return len(moved)
 
 
 # -- folders written before frames: episodes.jsonl ------------------------------------------------

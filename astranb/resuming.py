@@ -56,6 +56,7 @@ from .errors import AstranbError, FolderNotWritable
 from .evaluating import heldout, positive
 from .models import ModelSpec
 from .recorder import Recorder
+from .records import DamagedRecord, set_aside_episodes
 from .runinfo import pid_alive
 from .running import decoder, start
 from .trackers import resolve as resolve_trackers
@@ -170,12 +171,16 @@ class Resumption:
     rows: list[dict[str, Any]]
     """The metrics rows kept (steps before each policy's checkpoint)."""
     plan: dict[str, Any]
+    played: int = 0
+    """Episodes the run had played at the newest checkpoint: the resumed run's indices go on."""
+    set_aside: int = 0
+    """Recorded episodes moved to episodes.discarded.jsonl.zst (played after the checkpoint,
+    or on a sample it plays again)."""
 
     @property
     def position(self) -> Mapping[str, Any]:
         """The sample streams' position at the newest checkpoint."""
-        newest = max(self.checkpoints.values(), key=lambda c: c.state.get("time", 0.0))
-        return newest.state.get("position") or {}
+        return _newest(self.checkpoints).state.get("position") or {}
 
     @property
     def time(self) -> float:
@@ -190,6 +195,8 @@ class Resumption:
             "weights_checksum": {n: c.weights_checksum for n, c in self.checkpoints.items()},
             "step": min(c.version for c in self.checkpoints.values()),
             "time": self.time,
+            "replayed_samples": len(self.position.get("pending") or ()),
+            "episodes_set_aside": self.set_aside,
             "resumed_at": time.time(),
         }
 
@@ -230,7 +237,7 @@ def resume(session: Session, run: str | int | os.PathLike | None,
     recorder = Recorder(found.directory, {n: decoder(session.policies[n]) for n in policies},
                         record=record.get("mode", "sample"),
                         per_step=record.get("per_step", 8), seed=found.config.seed)
-    recorder.continue_from(found.rows)
+    recorder.continue_from(found.rows, found.played)
     recorder.add_event("resumed", found.event())
     return start(session, found.config, found.wired, recorder, held_out, targets=found.targets,
                  checkpoints=(plan["checkpoint_every"], plan["keep_checkpoints"]),
@@ -287,7 +294,7 @@ def restore(session: Any, directory: Path,
                 f"checkpoint says {found.weights_checksum}; the model recipe differs from the "
                 "one that wrote it")
         checkpoints[name] = found
-    newest = max(checkpoints.values(), key=lambda c: c.state.get("time", 0.0))
+    newest = _newest(checkpoints)
     restore_rng(newest.path)
     targets = {name: int(v) for name, v in plan["targets"].items()}
     if all(checkpoints[n].version >= targets[n] for n in checkpoints):
@@ -295,8 +302,30 @@ def restore(session: Any, directory: Path,
             f"{directory.name} finished: every policy is at its target version ({targets}); "
             "there is nothing to resume. Train on with session.train(steps=...)")
     rows = set_aside_rows(directory, {n: c.version for n, c in checkpoints.items()})
+    played, moved = _set_aside_episodes(directory, newest.state)
     config = RunConfig(**plan["config"])
-    return Resumption(directory, config, wired, targets, checkpoints, rows, plan)
+    return Resumption(directory, config, wired, targets, checkpoints, rows, plan, played, moved)
+
+
+def _newest(checkpoints: Mapping[str, Checkpoint]) -> Checkpoint:
+    return max(checkpoints.values(), key=lambda c: c.state.get("time", 0.0))
+
+
+def _set_aside_episodes(directory: Path, state: Mapping[str, Any]) -> tuple[int, int]:
+    """Move the recorded episodes the resumed run replaces out of the record: those played after
+    the checkpoint, and those of samples it plays again. Returns (episodes played at the
+    checkpoint, episodes moved); (0, 0) for a checkpoint that does not say (older ones)."""
+    played = state.get("episodes")
+    if not isinstance(played, int):
+        return 0, 0
+    again = {e["sample_id"] for e in (state.get("position") or {}).get("pending") or ()}
+    try:
+        moved = set_aside_episodes(directory, lambda e: e.get("index", 0) < played
+                                   and e.get("sample_id", "") not in again)
+    except DamagedRecord as error:
+        warnings.warn(f"{error}; its episodes stay as they are", RuntimeWarning, stacklevel=3)
+        moved = 0
+    return played, moved
 
 
 def _policies(session: Any, plan: Mapping[str, Any]) -> dict[str, Policy]:

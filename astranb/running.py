@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,6 +24,7 @@ from .checkpoint import write_checkpoint
 from .contracts import Checkpointable
 from .dataflow.config import RunConfig
 from .dataflow.flow import Dataflow, HeldOut
+from .dataflow.ledger import parse_sample_id
 from .dataflow.orchestrator import Source
 from .recorder import Recorder
 from .run import Run
@@ -177,26 +177,41 @@ def _flow(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
           heldout: HeldOut | None, resume: Mapping[str, Any]) -> Dataflow:
     """The run's Dataflow, kept as `session._flow` (read by `accounting` and checkpoints)."""
     drawn = list(resume["position"].get("drawn") or [])
-    sources = [Source(env, wiring, weight, config.seed, skip=drawn[i] if i < len(drawn) else 0)
+    replay = _replay(resume["position"].get("pending") or [])
+    sources = [Source(env, wiring, weight, config.seed, skip=drawn[i] if i < len(drawn) else 0,
+                      replay=replay.get(i, ()))
                for i, (env, wiring, weight) in enumerate(wired)]
     every, keep = resume["checkpoints"]
     flow = session._flow = Dataflow(
         sources, config, recorder, remote=session._pool, heldout=heldout,
         targets=resume["targets"], time_offset=resume["time_offset"],
-        checkpoint=functools.partial(_checkpoint, session, recorder.directory, keep),
+        checkpoint=functools.partial(_checkpoint, session, recorder, keep),
         checkpoint_every=every)
     flow.orchestrator.restore_position(resume["position"])
     return flow
 
 
-async def _checkpoint(session: Session, directory: Path, keep: int, policy: Policy) -> None:
-    """Write a checkpoint of `policy` (called by its train loop between two steps)."""
+def _replay(pending: Sequence[Mapping[str, Any]]) -> dict[int, list[tuple[int, Any]]]:
+    """A checkpoint's pending samples as stream -> [(position, sample or None)]."""
+    out: dict[int, list[tuple[int, Any]]] = {}
+    for entry in pending:
+        stream, position = parse_sample_id(entry["sample_id"])
+        out.setdefault(stream, []).append((position, entry.get("sample")))
+    return out
+
+
+async def _checkpoint(session: Session, recorder: Recorder, keep: int, policy: Policy) -> None:
+    """Write a checkpoint of `policy` (called by its train loop between two steps). Its state
+    holds the streams' position with the samples not yet accounted for ("pending"), and how
+    many episodes the run had played ("episodes"): a resumed run numbers its episodes on from
+    there and sets the later ones aside."""
     flow = session._flow
     assert flow is not None  # set before the train loops start
     state = {"policy": policy.name, "version": policy.version,
              "position": flow.orchestrator.position(),
+             "episodes": recorder.played,
              "time": anyio.current_time() - flow.loops[0].started}
-    root = directory / "checkpoints" / policy.name
+    root = recorder.directory / "checkpoints" / policy.name
     trainer = policy.trainer
     assert isinstance(trainer, Checkpointable)  # train() refuses checkpoints otherwise
     await anyio.to_thread.run_sync(functools.partial(

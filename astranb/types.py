@@ -167,6 +167,9 @@ class Trajectory:
     counts: Mapping[str, int] = field(default_factory=dict)
     """Facts the episode counted with `ctx.count` (malformed tool calls, verifier timeouts);
     summed into the run's metrics as `count/<name>`."""
+    sample_id: str = ""
+    """Which sample of the run's streams it played, "<stream>:<position>" (a training run's
+    episodes; "" otherwise): the same name before and after a resume."""
 
     def __repr__(self) -> str:
         def turn(t: Turn) -> str:

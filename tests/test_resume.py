@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 from safetensors.torch import load_file
 
 import astranb as ab
@@ -86,48 +87,103 @@ def _wait_for_rows(run_dir: Path, n: int, proc: subprocess.Popen, limit: float =
         time.sleep(0.1)
 
 
-def test_a_killed_run_resumes_from_its_checkpoint_in_a_new_process(tmp_path):
-    kill_after = random.Random().randint(EVERY + 2, STEPS - 8)  # rows seen before SIGKILL
-    print(f"killing after {kill_after} rows")
-    folder = tmp_path / "runs"
-    train = _script(tmp_path, "train.py", TRAIN.format(steps=STEPS, staleness=STALENESS,
-                                                      every=EVERY, extra=""))
-    proc = subprocess.Popen([sys.executable, str(train), str(folder)])
-    run_dir = folder / "run-000"
+def _kill_after_rows(script: Path, folder: Path, rows: int) -> None:
+    """Run `script` on `folder` and SIGKILL it once run-000 has `rows` metrics rows."""
+    proc = subprocess.Popen([sys.executable, str(script), str(folder)])
     try:
-        _wait_for_rows(run_dir, kill_after, proc)
+        _wait_for_rows(folder / "run-000", rows, proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def _episodes(run_dir: Path) -> list[dict]:
+    from astranb.recorder import EpisodeLog
+
+    return [e.to_json() for e in EpisodeLog(run_dir)]
+
+
+def test_a_run_killed_twice_resumes_with_every_sample_and_episode_accounted_for(tmp_path):
+    rng = random.Random()
+    folder = tmp_path / "runs"
+    run_dir = folder / "run-000"
+    train = _script(tmp_path, "train.py", TRAIN.format(steps=STEPS, staleness=STALENESS,
+                                                      every=EVERY, extra=""))
+    resume = _script(tmp_path, "resume.py", RESUME)
+    kill_after = rng.randint(EVERY + 2, STEPS // 2)  # rows seen before the first SIGKILL
+    _kill_after_rows(train, folder, kill_after)
     before = _rows(run_dir)
     assert (folder / "session.lock").is_file()  # the dead owner's lock is left behind
-    newest = latest_good(run_dir / "checkpoints" / "solver")
-    assert newest.version % EVERY == 0 and newest.version <= len(before)
-    saved = checksum(load_file(newest.path / "model.safetensors"))
+    first = latest_good(run_dir / "checkpoints" / "solver")
+    assert first.version % EVERY == 0 and first.version <= len(before)
+    saved = checksum(load_file(first.path / "model.safetensors"))
+    pending = [e["sample_id"] for e in first.state["position"]["pending"]]
+    assert pending and all(e["sample"] is not None for e in first.state["position"]["pending"])
 
-    resume = _script(tmp_path, "resume.py", RESUME)
+    # the resumed run is killed too, a few steps on (before or after its next checkpoint)
+    again = first.version + rng.randint(2, 8)
+    print(f"killing after {kill_after} rows, then after {again}")
+    _kill_after_rows(resume, folder, again)
+    second = latest_good(run_dir / "checkpoints" / "solver")
     out = subprocess.run([sys.executable, str(resume), str(folder)], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = _rows(run_dir)
 
     # the step series is continuous: every step once, the ones before the checkpoint kept
-    assert result["steps"] == list(range(STEPS))
-    assert _rows(run_dir)[:newest.version] == [r for r in before if r["step"] < newest.version]
-    # the trainer went on from exactly the checkpointed weights
-    (event,) = result["events"]
-    assert event["versions"] == {"solver": newest.version}
-    assert event["weights_checksum"] == {"solver": saved}
-    # rows of steps the dead process took after its checkpoint are set aside, not lost
+    assert result["steps"] == [r["step"] for r in rows] == list(range(STEPS))
+    assert rows[:first.version] == [r for r in before if r["step"] < first.version]
+    # the trainer went on from exactly the checkpointed weights, each time
+    assert result["events"][0]["versions"] == {"solver": second.version}
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "resumed"]
+    assert [e["versions"] for e in events] == [{"solver": first.version},
+                                               {"solver": second.version}]
+    assert events[0]["weights_checksum"] == {"solver": saved}
+    assert events[0]["replayed_samples"] == len(pending)
+    # rows of steps the dead processes took after their checkpoints are set aside, not lost
     discarded = [json.loads(line) for line in
                  (run_dir / "metrics.discarded.jsonl").read_text().splitlines()] \
         if (run_dir / "metrics.discarded.jsonl").exists() else []
-    assert [r["step"] for r in discarded] == [r["step"] for r in before
-                                              if r["step"] >= newest.version]
-    # the staleness bound held at every step, before and after the restart
+    assert [r["step"] for r in discarded][:len(before) - first.version] == \
+        [r["step"] for r in before if r["step"] >= first.version]
+    # the staleness bound held at every step, before and after the restarts
     assert max(result["stale"]) <= STALENESS
     assert not (folder / "session.lock").exists()
-    print(f"resumed from step {newest.version}; final reward {result['reward']:.3f}")
+
+    # every sample the stream yielded is accounted for exactly once: trained, dropped by a rule
+    # the rows name, or pending at the final checkpoint (a continued run would play it first)
+    final = latest_good(run_dir / "checkpoints" / "solver")
+    assert final.version == STEPS
+    trained = [k for r in rows for k in r["samples_trained"]]
+    dropped = [k for r in rows for ks in r["samples_dropped"].values() for k in ks]
+    left = [e["sample_id"] for e in final.state["position"]["pending"]]
+    every = trained + dropped + left
+    assert len(every) == len(set(every)), "a sample was accounted for twice"
+    (drawn,) = final.state["position"]["drawn"]
+    assert sorted(every, key=lambda k: int(k.split(":")[1])) == [f"0:{i}" for i in range(drawn)]
+    assert set(r for row in rows for r in row["samples_dropped"]) <= {"filtered", "failed",
+                                                                      "stale", "unused"}
+    assert set(pending) <= set(trained + dropped)  # the first checkpoint's pending were played
+    # the filtered groups the rows count are the filtered samples they name (one stream)
+    assert sum(len(r["samples_dropped"].get("filtered", [])) for r in rows) > 0
+
+    # episodes: indices go on across the restarts (each once, in completion order), and those
+    # played after a checkpoint or on a replayed sample are set aside, not kept
+    kept = _episodes(run_dir)
+    indices = [e["index"] for e in kept]
+    assert indices == sorted(set(indices))
+    assert all(e["sample_id"] for e in kept)
+    aside = run_dir / "episodes.discarded.jsonl.zst"
+    moved = [json.loads(line) for line in zstandard.ZstdDecompressor().decompressobj()
+             .decompress(aside.read_bytes()).splitlines()] if aside.exists() else []
+    assert sum(e["episodes_set_aside"] for e in events) == len(moved)
+    assert not {(e["index"], e["sample_id"]) for e in moved} & \
+        {(e["index"], e["sample_id"]) for e in kept}
+    print(f"resumed from steps {first.version} and {second.version}; {len(trained)} samples "
+          f"trained, {len(dropped)} dropped, {len(left)} pending at the end; {len(moved)} "
+          f"episodes set aside; final reward {result['reward']:.3f}")
 
 
 def _train_here(folder: Path, steps: int, every: int | None, **kw) -> ab.Run:
@@ -406,3 +462,31 @@ def test_a_read_only_folder_gets_a_clear_error_and_close_does_not_raise(tmp_path
         assert not (disk / "session.lock").exists()
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_set_aside_episodes_moves_the_refused_ones_and_keeps_the_record_readable(tmp_path):
+    from astranb.recorder import EpisodeLog
+    from astranb.records import FrameWriter, set_aside_episodes
+
+    def line(index: int, sample: str) -> bytes:
+        episode = ab.Episode(index, 0, {}, (), {"a": 1.0}, None, 0, sample_id=sample)
+        return (json.dumps(episode.to_json()) + "\n").encode()
+
+    writer = FrameWriter(tmp_path)
+    writer.write([line(0, "0:0"), line(1, "0:0")])
+    writer.write([line(2, "0:1"), line(3, "0:2"), line(4, "0:3")])
+    writer.write([line(5, "0:4")])
+    writer.close()
+    # a checkpoint after 4 episodes, with sample 0:1 still pending
+    moved = set_aside_episodes(tmp_path, lambda e: e["index"] < 4 and e["sample_id"] != "0:1")
+    assert moved == 3
+    assert [(e.index, e.sample_id) for e in EpisodeLog(tmp_path)] == \
+        [(0, "0:0"), (1, "0:0"), (3, "0:2")]
+    aside = zstandard.ZstdDecompressor().decompressobj().decompress(
+        (tmp_path / "episodes.discarded.jsonl.zst").read_bytes())
+    assert [json.loads(x)["index"] for x in aside.splitlines()] == [2, 4, 5]
+    writer = FrameWriter(tmp_path)  # a resumed run appends after the rewritten record
+    writer.write([line(4, "0:1")])
+    writer.close()
+    assert [e.index for e in EpisodeLog(tmp_path)] == [0, 1, 3, 4]
+    assert set_aside_episodes(tmp_path, lambda e: True) == 0

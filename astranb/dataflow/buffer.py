@@ -34,6 +34,8 @@ class Group:
     """Trainer version of the policy when the group was admitted."""
     policies: frozenset[str] = field(default_factory=frozenset)
     """Policies that made at least one turn in it."""
+    key: str = ""
+    """The sample's name in the run's streams (`ledger.sample_id`; "" when not from one)."""
 
     def min_version(self, policy: str) -> int:
         """Oldest token version among `policy`'s turns (-1 if it made none)."""

@@ -204,6 +204,8 @@ class TrainLoop:
         dropped = groups + self.buffer.drain()
         self._release(dropped)
         self.dropped_stale += len(dropped)
+        for group in dropped:
+            self.counters.samples.dropped(self.policy.name, group.key, "stale")
         row = {"policy": self.policy.name, "step": rollback.expected, "version": rollback.recovered,
                "time": anyio.current_time() - self.started, "dropped_stale": self.dropped_stale,
                **transfer}
@@ -219,6 +221,7 @@ class TrainLoop:
 
     def _drop(self, group: Group) -> None:
         self.dropped_stale += 1
+        self.counters.samples.dropped(self.policy.name, group.key, "stale")
         self._release([group])
 
     def _release(self, groups: list[Group]) -> None:
@@ -258,6 +261,8 @@ class TrainLoop:
             "rollout_tokens_during_step": tokens_during,
             # since this policy's last step: truncated episodes and count/<name> sums
             **c.take_episode_facts(self.policy.name),
+            # the samples this row accounts for: trained in this step, dropped since the last
+            **c.samples.take(self.policy.name, [g.key for g in groups]),
             **epoch,
             "wait_seconds": t_step - t_wait,
             "step_seconds": now - t_step,

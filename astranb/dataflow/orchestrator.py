@@ -10,9 +10,11 @@ with the last error instead of spinning forever.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import random
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ from ..types import Trajectory
 from ._tasks import run_all
 from .batcher import has_signal_for, policy_reward
 from .buffer import Buffer, Group
+from .ledger import SampleLedger, sample_id
 from .staleness import StalenessGate
 
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing", "play_heldout"]
@@ -52,6 +55,8 @@ class RolloutCounters:
     """Every count name seen in the run (rows report each, 0 when nothing was counted)."""
     epoch: int | None = None
     """Largest `sample["_epoch"]` among played samples (None: samples carry no epoch)."""
+    samples: SampleLedger = field(default_factory=SampleLedger)
+    """Every drawn sample not yet accounted for by a row, and what the next rows report."""
 
     def take_rewards(self, policy: str) -> list[float]:
         """`policy`'s own-role rewards of the episodes finished since its last call (forgotten)."""
@@ -81,10 +86,15 @@ class RolloutCounters:
 
 
 class Source:
-    """One wired environment: its roles' policies, its sampling weight and its sample stream."""
+    """One wired environment: its roles' policies, its sampling weight and its sample stream.
+
+    A resumed run builds it with `skip` (samples the interrupted run drew) and `replay` (the
+    positions, below `skip`, of those it drew but never accounted for: see `ledger.py`, with
+    the sample itself or None to take it from the stream again); those are yielded first."""
 
     def __init__(self, env: Environment, wiring: Mapping[str, PolicyHandle], weight: float = 1.0,
-                 seed: int = 0, skip: int = 0):
+                 seed: int = 0, skip: int = 0,
+                 replay: Sequence[tuple[int, Mapping[str, Any] | None]] = ()):
         if not weight > 0:
             raise ValueError(f"{env.name}: sampling weight must be > 0, got {weight!r}")
         if skip < 0:
@@ -99,19 +109,38 @@ class Source:
         self.drawn = 0
         """Samples taken from the stream so far (skipped ones included): where a resumed run
         picks the stream up (`skip`)."""
+        self._replay: deque[tuple[int, Mapping[str, Any]]] = deque()
         if skip:
-            # a resumed run goes on where the checkpointed one was, not from the first sample
-            for _ in itertools.islice(self.samples, skip):
-                self.drawn += 1
+            self._skip(skip, dict(replay))
 
-    def next_sample(self) -> Mapping[str, Any] | None:
-        """The stream's next sample, or None (and the stream marked ended) once it has ended."""
+    def _skip(self, skip: int, replay: Mapping[int, Mapping[str, Any] | None]) -> None:
+        """Go on where the checkpointed run was, not from the first sample; the samples to replay
+        that the checkpoint could not keep are taken from the stream on the way."""
+        assert self.samples is not None
+        found: dict[int, Mapping[str, Any]] = {}
+        for position, sample in enumerate(itertools.islice(self.samples, skip)):
+            self.drawn += 1
+            if position in replay:
+                kept = replay[position]
+                found[position] = kept if kept is not None else sample
+        self._replay.extend(sorted(found.items(), key=lambda item: item[0]))
+
+    def draw(self) -> tuple[int, Mapping[str, Any]] | None:
+        """(position, sample): a sample to replay first, else the stream's next one; None (and
+        the stream marked ended) once both have ended."""
+        if self._replay:
+            return self._replay.popleft()
         sample = next(self.samples, None) if self.samples is not None else None
         if sample is None:
             self.samples = None
-        else:
-            self.drawn += 1
-        return sample
+            return None
+        self.drawn += 1
+        return self.drawn - 1, sample
+
+    def next_sample(self) -> Mapping[str, Any] | None:
+        """The next sample (`draw` without its position)."""
+        drawn = self.draw()
+        return None if drawn is None else drawn[1]
 
 
 class Orchestrator:
@@ -148,6 +177,7 @@ class Orchestrator:
         self.counters = RolloutCounters()
         self._group_ids = itertools.count()
         self._policies = {n: p for src in self.sources for n, p in src.policies.items()}
+        self._stream = {id(src): i for i, src in enumerate(self.sources)}
         self._rng = random.Random(seed)
         self._consecutive_failures = 0
         self._max_failures = max_consecutive_failures
@@ -155,9 +185,12 @@ class Orchestrator:
 
     def position(self) -> dict[str, Any]:
         """Where the sample streams and the environment choice stand (JSON), for a checkpoint:
-        `restore_position` on a new orchestrator with the same sources goes on from here."""
+        `restore_position` on a new orchestrator with the same sources goes on from here.
+        "pending" holds the samples drawn but not yet accounted for by a metrics row (see
+        `ledger.py`): a resumed run plays them first."""
         return {"drawn": [src.drawn for src in self.sources],
-                "choice_rng": _rng_to_json(self._rng.getstate())}
+                "choice_rng": _rng_to_json(self._rng.getstate()),
+                "pending": self.counters.samples.pending()}
 
     def restore_position(self, position: Mapping[str, Any]) -> None:
         """Continue the environment choice where `position()` left it (the sample streams are
@@ -184,49 +217,58 @@ class Orchestrator:
             await self.gate.admit(names)
             # _choose() saw this stream live, but another worker may have ended it while
             # admit() waited
-            sample = source.next_sample()
-            if sample is None:
+            drawn = source.draw()
+            if drawn is None:
                 self.gate.release({n: 1 for n in names})
                 continue
-            group = await self.play_group(sample, source)
+            position, sample = drawn
+            key = sample_id(self._stream[id(source)], position)
+            self.counters.samples.drawn(key, sample, names)
+            group = await self.play_group(sample, source, key)
             self._deliver(group, source)
 
-    async def play_group(self, sample: Mapping[str, Any], source: Source | None = None) -> Group:
-        """Play group_size episodes of `sample` concurrently; failed ones are left out."""
+    async def play_group(self, sample: Mapping[str, Any], source: Source | None = None,
+                         key: str = "") -> Group:
+        """Play group_size episodes of `sample` (named `key`, see `ledger.sample_id`)
+        concurrently; failed ones are left out."""
         source = source or self.sources[0]
         group_id = next(self._group_ids)
         admitted = min(p.version for p in source.policies.values())
         if self.remote is not None:
-            return await self._play_remote(self.remote, sample, group_id, admitted, source)
+            return await self._play_remote(self.remote, sample, group_id, admitted, source, key)
         results: list[Trajectory | None] = [None] * self.group_size
 
         async def play(i: int) -> None:
-            results[i] = await self.play_episode(sample, group_id, admitted, source)
+            results[i] = await self.play_episode(sample, group_id, admitted, source, key)
 
         await run_all([functools.partial(play, i) for i in range(self.group_size)])
         ok = tuple(t for t in results if t is not None and t.ok)
         used = frozenset(turn.policy for t in ok for turn in t.turns)
-        return Group(group_id, ok, admitted, used)
+        return Group(group_id, ok, admitted, used, key)
 
     async def _play_remote(self, remote: RemoteEpisodes, sample: Mapping[str, Any], group_id: int,
-                           admitted: int, source: Source) -> Group:
+                           admitted: int, source: Source, key: str) -> Group:
         epoch = remote.epoch
         ids = remote.episode_ids(group_id, self.group_size)
         results = await remote.play(source.env,
                                     [(i, dict(sample), group_id, admitted) for i in ids])
+        results = [dataclasses.replace(t, sample_id=key) for t in results]
         for traj in results:
             self._count(traj, source)
         if remote.epoch != epoch:  # the trainer rolled back meanwhile: these weights are gone
-            return Group(group_id, (), admitted, frozenset())
+            return Group(group_id, (), admitted, frozenset(), key)
         ok = tuple(t for t in results if t.ok)
-        return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns))
+        return Group(group_id, ok, admitted, frozenset(turn.policy for t in ok for turn in t.turns),
+                     key)
 
     async def play_episode(self, sample: Mapping[str, Any], group_id: int, admitted: int,
-                           source: Source | None = None) -> Trajectory:
+                           source: Source | None = None, key: str = "") -> Trajectory:
         """One episode; an exception becomes a failed, recorded trajectory."""
         source = source or self.sources[0]
         traj = await play_episode(source.env, source.wiring, sample, group=group_id,
                                   started_version=admitted)
+        if key:
+            traj = dataclasses.replace(traj, sample_id=key)
         self._count(traj, source)
         return traj
 
@@ -259,18 +301,30 @@ class Orchestrator:
         names = tuple(source.policies)
         release = {}
         for name in names:
-            policy = self._policies[name]
-            useful = name in group.policies and name not in self.gate.retired and (
-                not policy.algorithm.filter_groups or has_signal_for(group, name)
-            )
-            if useful and _enough(group, name):
+            reason = self._drop_reason(group, name)
+            if reason is None:
                 self.buffers[name].put(group)
+                continue
+            release[name] = 1
+            if reason == "retired":  # its rows are all written: nothing will report it
+                self.counters.samples.forget(name, group.key)
             else:
-                release[name] = 1
+                self.counters.samples.dropped(name, group.key, reason)
         if len(release) == len(names):
             self.counters.filtered_groups += 1
         if release:
             self.gate.release(release)
+
+    def _drop_reason(self, group: Group, name: str) -> str | None:
+        """Why policy `name` cannot learn from `group` (see `ledger.REASONS`; "retired": it has
+        taken its last step), or None when it can."""
+        if name in self.gate.retired:
+            return "retired"
+        if name not in group.policies:
+            return "unused" if group.trajectories else "failed"
+        if self._policies[name].algorithm.filter_groups and not has_signal_for(group, name):
+            return "filtered"
+        return None if _enough(group, name) else "failed"
 
 
 def _enough(group: Group, policy: str) -> bool:
