@@ -12,8 +12,9 @@ multiple of N versions (and at the run's end), one checkpoint into the run's fol
           model.safetensors           the trainer's weights (full precision)
           optimizer.safetensors       AdamW's state, tensor by tensor
           trainer.json                version, optimizer settings and param groups
-          state.json                  sample-stream positions, environment-choice RNG, the run's
-                                      clock and the rows recorded so far
+          state.json                  sample-stream positions and the samples drawn but not
+                                      yet accounted for (dataflow/ledger.py), environment-choice
+                                      RNG, the run's clock, the episodes played so far
           rng.safetensors             torch's and Python's global RNG states
           manifest.json               written last: size and xxh3-64 of every file above, and
                                       the checksum of the weights (`weights.codec.checksum`)
@@ -30,7 +31,8 @@ Resuming (see `Session.resume`) loads each policy's newest good checkpoint, chec
 trainer's weights hash to the manifest's checksum (bit for bit what was saved), publishes them to
 the engine, sets metrics rows recorded after the checkpoint aside (`metrics.discarded.jsonl`: the
 steps they describe are trained again) and trains on to the plan's target versions. Nothing
-generated before the restart is trained on: the buffers died with the process.
+generated before the restart is trained on: the buffers died with the process, and the samples
+they held are played again first (the checkpoint keeps them).
 """
 
 from __future__ import annotations
