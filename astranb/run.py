@@ -351,9 +351,13 @@ class Run:
 
 def _metrics_frame(rows: list[dict[str, Any]],
                    evaluations: list[dict[str, Any]] | None) -> pandas.DataFrame:
-    """The metrics rows, and with `evaluations` one `kind="eval"` row per window in time order."""
+    """The metrics rows, and with `evaluations` one `kind="eval"` row per window in time order.
+    A `count/<name>` column is 0, not missing, in the step rows written before the name was
+    first counted."""
     import pandas as pd
 
+    names = sorted({key for row in rows for key in row if key.startswith("count/")})
+    rows = [{**dict.fromkeys(names, 0), **row} for row in rows]
     if evaluations is None:
         return pd.DataFrame(rows)
     steps = [{"kind": "step", **row} for row in rows]

@@ -343,3 +343,10 @@ def test_open_run_reads_a_finished_run_in_a_fresh_view(tmp_path):
     assert "finished" in repr(opened) and "kept episodes" in repr(opened)
     with pytest.raises(FileNotFoundError, match="not a run folder"):
         ab.open_run(tmp_path / "nothing-here")
+
+
+def test_count_columns_are_0_in_rows_before_the_name_was_first_counted(tmp_path):
+    rows = [{"policy": "p", "step": 0, "time": 0.0},
+            {"policy": "p", "step": 1, "time": 1.0, "count/retokenized": 2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ab.open_run(tmp_path).metrics["count/retokenized"].tolist() == [0, 2]
