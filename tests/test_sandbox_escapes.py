@@ -1,0 +1,439 @@
+"""Programs that try to get out of the code sandbox, each through a way that once worked.
+
+Every attack runs as a scored program (`Sandbox.run`), prints what it managed to do, and the
+test checks both its report and the host: nothing written outside the job's directory, nothing
+left for the next job, nothing read of the host, no connection made, no other job disturbed.
+Run with ASTRANB_SANDBOX_NO_BWRAP=1 to see what the layers beneath bubblewrap contain alone
+(README's sandbox section lists the results)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import anyio
+import pytest
+from astranb_code import Limits, Sandbox
+
+ROOT = os.geteuid() == 0
+FAST = Limits(wall_seconds=10, cpu_seconds=5, memory_bytes=256 << 20)
+ADD = "def add(a, b):\n    return a + b"
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]
+
+pytestmark = [pytest.mark.filterwarnings("ignore:the code sandbox runs without bubblewrap"),
+              pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get(
+    "ASTRANB_SANDBOX_NO_BWRAP"), reason="bubblewrap is not installed (make setup installs it "
+    "as root); set ASTRANB_SANDBOX_NO_BWRAP=1 to test the layers beneath it alone")]
+
+PRELUDE = textwrap.dedent('''
+    import ctypes, os, socket
+    def attempt(what, fn):
+        try:
+            value = fn()
+        except BaseException as error:
+            print("refused", what, type(error).__name__)
+        else:
+            print("DID", what, repr(value)[:200])
+    def libc():
+        return ctypes.CDLL(None, use_errno=True)
+''')
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return Sandbox(FAST, concurrency=2)
+
+
+@pytest.fixture
+def outside():
+    """A folder outside every job, writable by anyone (as /tmp is), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="astranb-escape-")
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def attack(sandbox, body, *, limits=None):
+    program = PRELUDE + textwrap.dedent(body) + "\n" + ADD
+    return anyio.run(lambda: sandbox.run(program, TESTS, limits=limits))
+
+
+def did(result):
+    return [line for line in result.stdout.splitlines() if line.startswith("DID")]
+
+
+# -- writes outside the job's directory ----------------------------------------------------------
+
+def test_no_write_reaches_a_folder_outside_the_job(sandbox, outside):
+    token = secrets.token_hex(4)
+    in_tmp = f"/tmp/astranb-escape-{token}"
+    result = attack(sandbox, f'''
+        out, tmp = {outside!r}, {in_tmp!r}
+        def via_dir_fd():
+            fd = os.open(out, os.O_RDONLY)
+            f = os.open("dirfd", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+            return os.write(f, b"pwned")
+        attempt("dir_fd", via_dir_fd)
+        open("mine", "w").write("pwned")
+        attempt("link", lambda: os.link("mine", out + "/link"))
+        attempt("rename", lambda: os.rename("mine", out + "/renamed"))
+        attempt("mkdir", lambda: os.mkdir(out + "/made"))
+        attempt("symlink", lambda: os.symlink("/etc/passwd", out + "/symlink"))
+        attempt("open", lambda: open(tmp + "-open", "w").write("pwned"))
+        def via_ctypes(path):
+            c = libc()
+            fd = c.open(path.encode(), os.O_CREAT | os.O_WRONLY, 0o644)
+            return fd if fd < 0 else c.write(fd, b"pwned", 5)
+        attempt("ctypes open", lambda: via_ctypes(out + "/ctypes"))
+        attempt("ctypes open tmp", lambda: via_ctypes(tmp + "-ctypes"))
+    ''')
+    assert result.passed == 2, result  # the program itself still works
+    assert os.listdir(outside) == []
+    assert glob.glob(in_tmp + "*") == []
+
+
+def test_shared_memory_does_not_carry_over_to_the_next_job(sandbox):
+    token = secrets.token_hex(4)
+    names = [f"/dev/shm/astranb-escape-{token}", f"/tmp/astranb-escape-{token}"]
+    first = attack(sandbox, f'''
+        for name in {names!r}:
+            attempt("write " + name, lambda: open(name, "w").write("state"))
+            def via_ctypes(path=name + "-c"):
+                c = libc()
+                fd = c.open(path.encode(), os.O_CREAT | os.O_WRONLY, 0o644)
+                return fd if fd < 0 else c.write(fd, b"state", 5)
+            attempt("ctypes write " + name, via_ctypes)
+        from multiprocessing import shared_memory
+        attempt("shm_open", lambda: shared_memory.SharedMemory("astranb-escape-{token}-m",
+                                                                create=True, size=64).name)
+    ''')
+    second = attack(sandbox, f'''
+        import glob
+        print("FOUND", sorted(glob.glob("/dev/shm/*{token}*") + glob.glob("/tmp/*{token}*")))
+    ''')
+    assert first.passed == 2 and second.passed == 2, (first, second)
+    assert "FOUND []" in second.stdout, second.stdout
+    assert glob.glob(f"/dev/shm/*{token}*") + glob.glob(f"/tmp/*{token}*") == []
+
+
+def test_the_c_library_runs_no_shell_on_the_host(sandbox):
+    token = secrets.token_hex(4)
+    target = f"/tmp/astranb-escape-{token}"
+    result = attack(sandbox, f'''
+        attempt("system", lambda: libc().system(b"id > {target}"))
+        attempt("pythonapi system", lambda: ctypes.pythonapi.system(b"id > {target}-2"))
+        import _posixsubprocess
+        def fork_exec():
+            r, w = os.pipe()
+            pid = _posixsubprocess.fork_exec(
+                ["/bin/sh", "-c", "id > {target}-3"], [b"/bin/sh"], True, (w,), None, None,
+                -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None,
+                False)
+            return os.waitpid(pid, 0)
+        attempt("fork_exec", fork_exec)
+    ''')
+    assert result.passed == 2, result
+    assert glob.glob(target + "*") == []
+
+
+# -- the host's sockets, files and processes ----------------------------------------------------
+
+def test_no_connection_reaches_a_unix_socket_of_the_host(sandbox, outside):
+    path = os.path.join(outside, "host.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.settimeout(0.2)
+    arrived, done = [], threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                arrived.append(server.accept())
+            except OSError:
+                continue
+
+    listener = threading.Thread(target=accept)
+    listener.start()
+    try:
+        result = attack(sandbox, f'''
+            def via_ctypes():
+                c = libc()
+                fd = c.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
+                address = (ctypes.c_ushort(socket.AF_UNIX).value).to_bytes(2, "little") + \\
+                    {path.encode()!r} + b"\\0"
+                buffer = ctypes.create_string_buffer(address, 110)
+                code = c.connect(fd, buffer, 110)
+                return code if code < 0 else c.send(fd, b"hello", 5, 0)
+            attempt("ctypes connect", via_ctypes)
+            def via_socket():
+                s = socket.socket(socket.AF_UNIX)
+                s.connect({path!r})
+                return s.send(b"hello")
+            attempt("socket connect", via_socket)
+        ''')
+    finally:
+        done.set()
+        listener.join()
+        server.close()
+    assert result.passed == 2, result
+    assert arrived == []
+
+
+def test_the_host_s_files_processes_and_folders_stay_unseen(sandbox, outside):
+    secret = "s3cret-" + secrets.token_hex(8)
+    with open(os.path.join(outside, "readable.txt"), "w") as f:
+        f.write(secret)
+    os.chmod(os.path.join(outside, "readable.txt"), 0o644)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               "--token", secret + "-argv"])
+    try:
+        result = attack(sandbox, f'''
+            import glob
+            attempt("read", lambda: open({outside!r} + "/readable.txt").read())
+            def via_ctypes():
+                c = libc()
+                fd = c.open({outside!r}.encode() + b"/readable.txt", os.O_RDONLY)
+                buffer = ctypes.create_string_buffer(200)
+                return buffer.raw[:c.read(fd, buffer, 200)] if fd >= 0 else fd
+            attempt("ctypes read", via_ctypes)
+            for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+                attempt("cmdline", lambda: open("/proc/" + pid + "/cmdline", "rb").read())
+            attempt("list /tmp", lambda: os.listdir("/tmp"))
+            attempt("list outside", lambda: os.listdir({outside!r}))
+            attempt("list /", lambda: os.listdir("/"))
+            attempt("glob", lambda: glob.glob("/*/*"))
+        ''')
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.passed == 2, result
+    assert secret not in result.stdout
+    assert os.path.basename(outside) not in result.stdout
+    for host_folder in ("'work'", "'root'", "'home'", "'/work/", "'/root/", "'/home/"):
+        assert host_folder not in result.stdout
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+def test_the_memory_of_all_a_job_s_processes_together_is_bounded(sandbox):
+    limits = Limits(wall_seconds=20, cpu_seconds=10, memory_bytes=256 << 20, processes=32,
+                    job_memory_bytes=160 << 20)
+    result = attack(sandbox, '''
+        import time
+        children = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = b"x" * (80 << 20)  # touched: resident
+                time.sleep(1.5)
+                os._exit(0)
+            children.append(pid)
+        held = sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) == 0 for p in children)
+        print("HELD", held)
+    ''', limits=limits)
+    assert "HELD 4" not in result.stdout, result  # 320 MiB together never fit in 160 MiB
+
+
+def test_disk_use_is_bounded_in_bytes_and_in_files(sandbox):
+    limits = Limits(wall_seconds=20, cpu_seconds=10, memory_bytes=256 << 20,
+                    file_bytes=1 << 20, disk_bytes=4 << 20, max_files=200)
+    result = attack(sandbox, '''
+        written = 0
+        try:
+            for i in range(40):
+                with open(f"big{i}", "wb") as f:
+                    f.write(b"x" * ((1 << 20) - 4096))
+                written += 1
+        except OSError:
+            pass
+        made = 0
+        try:
+            for i in range(3000):
+                open(f"small{i}", "w").close()
+                made += 1
+        except OSError:
+            pass
+        print("WRITTEN", written, "MADE", made)
+    ''', limits=limits)
+    words = result.stdout.split()
+    written, made = int(words[words.index("WRITTEN") + 1]), int(words[words.index("MADE") + 1])
+    assert written <= 4 and made <= 200, result.stdout
+
+
+# -- two sandboxes on one machine ----------------------------------------------------------------
+
+@pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
+def test_two_sandboxes_in_one_process_never_share_a_uid():
+    first, second = Sandbox(FAST, concurrency=2), Sandbox(FAST, concurrency=2)
+    # a job's directory is named after its uid (inside, a user namespace may hide the number)
+    program = "import os, time\nprint('DIR', os.getcwd())\ntime.sleep(1.5)\n" + ADD
+    results = []
+
+    async def main():
+        async def one(sandbox):
+            results.append(await sandbox.run(program, TESTS))
+
+        async with anyio.create_task_group() as tg:
+            for sandbox in (first, second, first, second):
+                tg.start_soon(one, sandbox)
+
+    anyio.run(main)
+    assert [r.passed for r in results] == [2] * 4, results
+    directories = [r.stdout.split()[1] for r in results]
+    assert len(set(directories)) == 4, directories
+
+
+VICTIM = '''
+import json, sys, anyio
+from astranb_code import Limits, Sandbox
+token = sys.argv[1]
+program = f"""
+import os, time
+open("victim-{token}.txt", "w").write("{token}-secret")
+time.sleep(3)
+print("INTACT" if open("victim-{token}.txt").read() == "{token}-secret" else "CHANGED")
+def add(a, b):
+    return a + b
+"""
+result = anyio.run(lambda: Sandbox(Limits(wall_seconds=30), concurrency=1).run(
+    program, ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]))
+print(json.dumps({"passed": result.passed, "error": result.error, "stdout": result.stdout}))
+'''
+
+
+@pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
+def test_two_processes_sandboxes_neither_disturb_nor_reach_each_other(sandbox):
+    token = secrets.token_hex(4)
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, token], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 30
+        pattern = [f"/run/astranb/jobs/*/victim-{token}.txt", f"/tmp/*/victim-{token}.txt",
+                   f"/tmp/astranb-root/jobs/*/victim-{token}.txt"]
+        while not any(glob.glob(p) for p in pattern):  # the victim's job has started
+            assert time.monotonic() < deadline and victim.poll() is None, "no victim job"
+            time.sleep(0.05)
+        alone = Sandbox(FAST, concurrency=1)
+        attacks = [attack(alone, '''
+            import glob
+            for path in glob.glob("/run/astranb/jobs/*/victim-*") + glob.glob(
+                    "/tmp/*/victim-*") + glob.glob("/tmp/astranb-root/jobs/*/victim-*"):
+                attempt("read " + path, lambda: open(path).read())
+                attempt("write " + path, lambda: open(path, "w").write("pwned"))
+            print("SEEN", [p for p in os.listdir("/proc") if p.isdigit()])
+        ''') for _ in range(4)]
+        out, _ = victim.communicate(timeout=60)
+    finally:
+        victim.kill()
+        victim.wait()
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["passed"] == 2 and outcome["error"] is None, outcome
+    assert "INTACT" in outcome["stdout"]
+    for result in attacks:
+        assert result.passed == 2, result
+        assert f"{token}-secret" not in result.stdout and did(result) == [], result.stdout
+
+
+# -- the layers themselves ------------------------------------------------------------------------
+
+@pytest.mark.skipif(bool(os.environ.get("ASTRANB_SANDBOX_NO_BWRAP")), reason="bwrap hidden")
+def test_jobs_run_inside_bubblewrap_and_say_so(sandbox):
+    result = attack(sandbox, "")
+    assert result.passed == 2
+    assert result.isolation["tool"] == "bubblewrap" and result.isolation["mounts"] == \
+        "bubblewrap"
+    if ROOT:
+        assert result.isolation["user"] == "separate" and result.isolation["disk"] == "tmpfs"
+        assert result.isolation["memory"] in ("cgroup v2", "cgroup v1", "watcher")
+
+
+def test_without_bubblewrap_a_warning_says_the_sandbox_is_weaker():
+    check = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c",
+         "from astranb_code import Sandbox\nSandbox(bubblewrap=False)"],
+        capture_output=True, text=True, timeout=120)
+    assert check.returncode != 0
+    assert "runs without bubblewrap: Sandbox(bubblewrap=False) was asked for" in check.stderr
+
+
+HOLDER = '''
+import os, signal, sys, threading
+from astranb_code import Limits, Sandbox
+sandbox = Sandbox(Limits(wall_seconds=60, cpu_seconds=60), concurrency=1)
+threading.Thread(target=sandbox.run_sync, args=("import time\\ntime.sleep(60)",
+                 ["assert True"]), daemon=True).start()
+print("started", flush=True)
+try:
+    threading.Event().wait(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    threading.Event().wait(60)
+'''
+
+
+def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it():
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        while not any(b"_runner.py" in _cmdline(p) for p in _descendants(holder.pid)):
+            assert time.monotonic() < deadline, "no job started"
+            time.sleep(0.05)
+        jobs = _descendants(holder.pid)
+        os.killpg(holder.pid, 2)  # Ctrl-C in a terminal, a notebook's stop button
+        assert holder.stdout.readline().strip() == "interrupted"
+        assert all(_alive(pid) for pid in jobs), "SIGINT reached the job"
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in jobs):
+            assert time.monotonic() < deadline, "the job outlived its launcher"
+            time.sleep(0.05)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+def _descendants(root):
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    family = {root}
+    for _ in range(20):
+        family |= {child for child, parent in parents.items() if parent in family}
+    return family - {root}
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
