@@ -394,6 +394,8 @@ def _cgroup_v2(name: str, limit: int) -> tuple[str, str] | None:
             continue
         path = os.path.join(parent, name)
         try:
+            with contextlib.suppress(OSError):  # a dead holder's, empty by now
+                os.rmdir(path)
             os.mkdir(path)
             with open(os.path.join(path, "memory.max"), "w") as f:
                 f.write(str(limit))
@@ -412,6 +414,8 @@ def _cgroup_v1(name: str, limit: int) -> tuple[str, str] | None:
     if own is None:
         return None
     path = os.path.join("/sys/fs/cgroup/memory", own.lstrip("/"), name)
+    with contextlib.suppress(OSError):  # a dead holder's, empty by now
+        os.rmdir(path)
     try:
         os.mkdir(path)
         with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:

@@ -4,27 +4,47 @@
     result = await sandbox.run(program, tests=["assert add(1, 2) == 3"])
     result.passed, result.total, result.fraction, result.error
 
-Each job gets a fresh temporary directory and one `python -I _runner.py` process in its own
-process group. The layers, outermost first:
+Each job (`Sandbox.launch`; `run` launches the program as a server of its functions, see
+harness.py) is one `python -I` process in a fresh directory holding only the files it was
+given, started in a session of its own (the kernel's or a terminal's SIGINT never reaches it)
+from a thread that lives as long as this process (so it dies with this process). The layers,
+outermost first; `Result.isolation` names the ones a job had:
 
-  - the wall clock: past `wall_seconds` the whole process group is killed (SIGKILL);
-  - a user of its own: when this process runs as root, the job runs as an unprivileged uid
-    (one per concurrent slot, 61000 + slot), so the kernel's permissions keep it out of every
-    file it does not own and away from every other process, and after the job every process
-    of that uid is killed;
-  - resource limits set by the runner before any untrusted code: CPU seconds, address space,
-    file size, number of processes, open files, no core dumps;
-  - namespaces where the kernel allows unprivileged ones (most Linux distributions): a network
-    namespace (no interface but a downed loopback) and a PID namespace (the job's first process
-    is its init; when it dies, every process in it dies; the parent is invisible);
-  - an audit hook (PEP 578) in the job's interpreter, refusing socket connects, signals to other
-    processes, writes outside the directory and running other programs.
+  - bubblewrap ("tool": "bubblewrap"), where `bwrap` is installed: a private mount namespace
+    with read-only /usr, /lib*, /bin and the interpreter's folders, a few /etc files, the job's
+    directory as its only writable host folder, a private /tmp and /dev/shm (size-bounded,
+    gone with the job), its own /proc of a new PID namespace (no other process to see or
+    signal; when the job's first process dies, every process in it dies), no network (an empty
+    network namespace), no capabilities, no nested user namespace, dead with its parent. The
+    host's home folders, /tmp, /dev/shm, sockets and other processes do not exist in there.
+  - a uid of its own ("user": "separate"), when this process runs as root: one per live job,
+    held machine-wide through a lock file under /run/astranb (two Sandboxes, in one process or
+    two, never share one; a dead holder's leftovers are killed when the uid is next taken).
+    The kernel's permissions keep the job out of every file it does not own and away from every
+    other process; after the job every process of that uid is killed and whatever it left in
+    /tmp, /var/tmp or /dev/shm removed.
+  - its directory on a tmpfs of its own ("disk": "tmpfs", as root): `disk_bytes` and
+    `max_files` bound what it can write; unmounted after the job.
+  - its memory, all processes together ("memory"): a cgroup of its own (v2's memory.max, else
+    v1's memory.limit_in_bytes) where this process may make one, else (as root) a watcher that
+    sums the resident memory of the job's uid every 20 ms and kills the job past the bound.
+  - resource limits set before any of its code runs: CPU seconds, address space, file size,
+    processes, open files, no core dumps; the wall clock kills the whole job past
+    `wall_seconds`.
+  - without bubblewrap, user, network and PID namespaces where the kernel lets an unprivileged
+    process make them ("network"/"pid": "namespace");
+  - an audit hook (PEP 578) in the job's interpreter: no socket connect, bind or send, no signal
+    to other processes, no write, link, rename, mkdir or symlink outside its directory nor
+    through a descriptor of another folder, no program started through os or subprocess, no
+    ctypes (the C library would step around the hook).
 
-Limits: without root the job runs as your own user. Namespaces and the audit hook still stop
-the network, signals and writes from Python code, but a program that reaches the C library
-(ctypes) could get past the hook: run the pool as root (a container, a CI job) or under a
-dedicated user for untrusted models. `Result.isolation` says which layers a job had. Where the
-kernel refuses unprivileged namespaces the network is closed only by the audit hook.
+Without bubblewrap (not installed, or ASTRANB_SANDBOX_NO_BWRAP=1, or `bubblewrap=False`) a
+warning says so once: the job then sees the host's files, folders and process list (it can read
+what is world-readable), and a program that reaches the interpreter's internals (e.g.
+`_posixsubprocess`) can start programs the hook does not see; the uid, tmpfs, memory group and
+sweep still keep their effects off the host as root. Without root there is no uid of its own,
+no tmpfs and usually no memory group: use bubblewrap, a container or a dedicated user for
+models you do not trust.
 
 Jobs wait for a free slot (`concurrency`, default the number of cores) in a worker thread, so a
 slow or hostile program never stalls the event loop's other episodes.
@@ -180,9 +200,9 @@ class Job:
                 f.write(data)
             if uid is not None:
                 os.chown(path, uid, uid)
-        self._memory = _contain.MemoryGroup(f"astranb-job-{uid if uid else os.getpid()}-"
-                                            f"{next(_COUNTER)}", limits.job_memory_bytes, uid,
-                                            self.kill)
+        name = f"astranb-job-{uid}" if uid is not None else \
+            f"astranb-job-p{os.getpid()}-{next(_COUNTER)}"  # a uid is this machine's alone
+        self._memory = _contain.MemoryGroup(name, limits.job_memory_bytes, uid, self.kill)
         self.isolation = {"tool": "bubblewrap" if sandbox._bwrap else "none",
                           "user": "separate" if uid is not None else "same",
                           "memory": self._memory.kind, "disk": disk}
