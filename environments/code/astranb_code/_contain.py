@@ -218,6 +218,24 @@ def processes_of(uid: int) -> list[int]:
     return found
 
 
+def family(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    members, changed = {pid}, True
+    while changed:
+        changed = False
+        for child, parent in parents.items():
+            if parent in members and child not in members:
+                members.add(child)
+                changed = True
+    return sorted(members)
+
+
 def kill_user(uid: int) -> None:
     """SIGKILL every process of `uid` until none is left (a job uid's: whatever the job left,
     even outside its session)."""
@@ -297,13 +315,12 @@ class MemoryGroup:
 
     A cgroup of its own when the machine lets this process make one: cgroup v2's memory.max
     (swap off), else cgroup v1's memory.limit_in_bytes (and memsw). Elsewhere a watcher thread
-    sums the resident memory of the job uid's processes every 20 ms and kills the job past the
-    bound (as root, where every job has a uid of its own); otherwise only the per-process
-    address-space limit holds. `kind` names which applied."""
+    sums the resident memory of the job's processes (its uid's, as root; else the descendants
+    of its first process) every 20 ms and kills the job past the bound. `kind` names which
+    applied."""
 
-    def __init__(self, name: str, limit: int, uid: int | None,
-                 on_exceeded: Callable[[], None]) -> None:
-        self.limit, self.uid, self.path, self.kind = limit, uid, None, "per process only"
+    def __init__(self, name: str, limit: int, on_exceeded: Callable[[], None]) -> None:
+        self.limit, self.path, self.kind = limit, None, "watcher"
         self._stop = threading.Event()
         self._on_exceeded = on_exceeded
         self.exceeded = False
@@ -312,19 +329,18 @@ class MemoryGroup:
             if made is not None:
                 self.path, self.kind = made
                 return
-        if uid is not None:
-            self.kind = "watcher"
 
-    def admit(self, pids: list[int]) -> None:
-        """Moves the job's first processes in (they have run nothing untrusted yet); starts the
-        watcher where there is no group."""
+    def admit(self, members: Callable[[], list[int]]) -> None:
+        """Moves the job's first processes (`members()`: they have run nothing untrusted yet)
+        into the group, or starts the watcher over `members()` where there is no group."""
         if self.path is not None:
-            for pid in pids:
+            for pid in members():
                 with contextlib.suppress(OSError):
                     with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
                         f.write(str(pid))
-        elif self.kind == "watcher":
-            threading.Thread(target=self._watch, daemon=True, name="astranb-memory").start()
+        else:
+            threading.Thread(target=self._watch, args=(members,), daemon=True,
+                             name="astranb-memory").start()
 
     def over(self) -> bool:
         """The group's kernel counted an out-of-memory kill (or the watcher killed the job)."""
@@ -352,12 +368,11 @@ class MemoryGroup:
                 except OSError:
                     time.sleep(0.01)
 
-    def _watch(self) -> None:
-        assert self.uid is not None
+    def _watch(self, members: Callable[[], list[int]]) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.wait(0.02):
             total = 0
-            for pid in processes_of(self.uid):
+            for pid in members():
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     with open(f"/proc/{pid}/statm") as f:
                         total += int(f.read().split()[1]) * page

@@ -26,8 +26,8 @@ outermost first; `Result.isolation` names the ones a job had:
   - its directory on a tmpfs of its own ("disk": "tmpfs", as root): `disk_bytes` and
     `max_files` bound what it can write; unmounted after the job.
   - its memory, all processes together ("memory"): a cgroup of its own (v2's memory.max, else
-    v1's memory.limit_in_bytes) where this process may make one, else (as root) a watcher that
-    sums the resident memory of the job's uid every 20 ms and kills the job past the bound.
+    v1's memory.limit_in_bytes) where this process may make one, else a watcher that sums the
+    resident memory of the job's processes every 20 ms and kills the job past the bound.
   - resource limits set before any of its code runs: CPU seconds, address space, file size,
     processes, open files, no core dumps; the wall clock kills the whole job past
     `wall_seconds`.
@@ -42,9 +42,9 @@ Without bubblewrap (not installed, or ASTRANB_SANDBOX_NO_BWRAP=1, or `bubblewrap
 warning says so once: the job then sees the host's files, folders and process list (it can read
 what is world-readable), and a program that reaches the interpreter's internals (e.g.
 `_posixsubprocess`) can start programs the hook does not see; the uid, tmpfs, memory group and
-sweep still keep their effects off the host as root. Without root there is no uid of its own,
-no tmpfs and usually no memory group: use bubblewrap, a container or a dedicated user for
-models you do not trust.
+sweep still keep their effects off the host as root. Without root there is no uid or tmpfs of
+the job's own (the memory watcher still holds): use bubblewrap, a container or a dedicated user
+for models you do not trust.
 
 Jobs wait for a free slot (`concurrency`, default the number of cores) in a worker thread, so a
 slow or hostile program never stalls the event loop's other episodes.
@@ -202,7 +202,7 @@ class Job:
                 os.chown(path, uid, uid)
         name = f"astranb-job-{uid}" if uid is not None else \
             f"astranb-job-p{os.getpid()}-{next(_COUNTER)}"  # a uid is this machine's alone
-        self._memory = _contain.MemoryGroup(name, limits.job_memory_bytes, uid, self.kill)
+        self._memory = _contain.MemoryGroup(name, limits.job_memory_bytes, self.kill)
         self.isolation = {"tool": "bubblewrap" if sandbox._bwrap else "none",
                           "user": "separate" if uid is not None else "same",
                           "memory": self._memory.kind, "disk": disk}
@@ -238,8 +238,9 @@ class Job:
         try:
             self.isolation.update(_read_status(status_r, limits.wall_seconds))
             assert self._memory is not None
-            self._memory.admit(_contain.processes_of(uid) if uid is not None
-                               else _family(self.pid))
+            pid = self.pid
+            self._memory.admit((lambda: _contain.processes_of(uid)) if uid is not None
+                               else (lambda: _contain.family(pid)))
             with contextlib.suppress(OSError):
                 os.write(go_w, b"1")
         finally:
@@ -332,24 +333,6 @@ def _read_status(fd: int, wall: float) -> dict[str, str]:
     except ValueError:
         return {}
     return {str(k): str(v) for k, v in layers.items()} if isinstance(layers, dict) else {}
-
-
-def _family(pid: int) -> list[int]:
-    """`pid` and its descendants."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-    family, changed = {pid}, True
-    while changed:
-        changed = False
-        for child, parent in parents.items():
-            if parent in family and child not in family:
-                family.add(child)
-                changed = True
-    return sorted(family)
 
 
 def _without_bwrap_because(asked: bool) -> str:
