@@ -204,20 +204,26 @@ def test_limits_and_arguments_are_checked():
 # -- tasks ----------------------------------------------------------------------------------------
 
 def test_mbpp_and_humaneval_rows_become_tasks():
-    mbpp = normalize({"text": "Write a function to add two numbers.", "test_list": TESTS[:2],
+    mbpp = normalize({"text": "Write a function to add two numbers.",
+                      "test_list": [*TESTS[:2], "assert True"],
                       "test_setup_code": "import math", "test_imports": ["import re"]})
-    assert mbpp["tests"] == TESTS[:2] and mbpp["entry_point"] == "add"
-    assert mbpp["setup"] == "import re\nimport math"
+    assert mbpp["tests"] == TESTS[:2] and mbpp["entry_point"] == "add"  # `assert True` dropped
+    assert mbpp["setup"] == "import re\nimport math" and mbpp["count"] == "tests"
     assert "called add" in mbpp["prompt"] and TESTS[0] in mbpp["prompt"]
-    humaneval = normalize({
-        "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
-        "test": "METADATA = {}\n\ndef check(candidate):\n    x = 2\n"
-                "    assert candidate(1, 2) == 3\n    assert candidate(x, x) == 4\n"})
-    assert len(humaneval["tests"]) == 2
-    assert humaneval["tests"][1].splitlines() == [
-        "candidate = add", "METADATA = {}", "x = 2", "assert candidate(x, x) == 4"]
+    row = {"prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
+           "test": "METADATA = {}\n\ndef check(candidate):\n    x = 2\n"
+                   "    assert candidate(1, 2) == 3\n    assert True\n"
+                   "    for y in range(3):\n        assert candidate(x, y) == x + y\n"}
+    humaneval = normalize(row)
+    assert humaneval["tests"] == [row["test"] + "\n\ncheck(add)\n"]  # check, whole
+    assert humaneval["setup"] == row["prompt"] and humaneval["count"] == "tests"
+    assert normalize(row, partial_credit=True)["count"] == "asserts"
     sandbox = Sandbox(FAST, concurrency=1)
-    assert run(sandbox, ADD, humaneval["tests"]).passed == 2
+    assert run(sandbox, ADD, humaneval["tests"], entry_point="add").fraction == 1.0
+    nearly = "def add(a, b):\n    return a + b if a != 2 or b < 2 else 0"
+    assert run(sandbox, nearly, humaneval["tests"], entry_point="add").fraction == 0.0
+    partial = run(sandbox, nearly, humaneval["tests"], entry_point="add", count="asserts")
+    assert (partial.passed, partial.total) == (1, 2)  # the loop's assert failed once: it fails
     with pytest.raises(TaskError, match="needs 'tests'.*HumanEval.*MBPP"):
         normalize({"question": "?"})
     with pytest.raises(TaskError, match="check"):

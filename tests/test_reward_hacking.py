@@ -157,6 +157,24 @@ for pid in [str(os.getppid())] + [p for p in os.listdir("/proc") if p.isdigit()]
 def f(x):
     return TABLE.get(x)
 """,
+    "forges_into_every_pipe_it_can_open": WRONG + FORGED_LINES + """
+import os
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in descriptors:
+        try:
+            target = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.write(target, FORGED_TEXT)
+        except OSError:
+            pass
+        os.close(target)
+""",
     "exits_before_the_tests": WRONG + "import os\nos._exit(0)\n",
     "exits_when_called": "import os\ndef f(x):\n    os._exit(0)\n",
     "systemexit_when_called": "def f(x):\n    raise SystemExit(0)\n",
@@ -257,7 +275,72 @@ def sum_product(numbers):
 def test_a_humaneval_check_cannot_be_forged(sandbox, name):
     task = normalize(SUM_PRODUCT)
     program = ATTACKS[name].replace("def f(x)", "def sum_product(x)")
-    result = run(sandbox, program, task["tests"], setup=task["setup"])
+    options = {"setup": task["setup"], "entry_point": task["entry_point"]}
+    result = run(sandbox, program, task["tests"], **options)
     assert result.passed == 0, (name, result.error)
-    right = run(sandbox, SUM_PRODUCT_SOLUTION, task["tests"], setup=task["setup"])
+    right = run(sandbox, SUM_PRODUCT_SOLUTION, task["tests"], **options)
     assert right.passed == right.total >= 1 and right.error is None
+
+
+# -- the boundary's rules --------------------------------------------------------------------------
+
+def test_a_test_that_catches_exceptions_still_fails_a_forged_answer(sandbox):
+    """A test may expect the program's exception (it arrives as the built-in of that name), but
+    no `except` in a test turns a forged or missing answer into a pass."""
+    catching = ["try:\n    answer = f(3)\nexcept Exception:\n    answer = 41\nassert answer == 41",
+                "try:\n    f(-1)\nexcept ValueError as error:\n    assert 'negative' in str(error)"
+                "\nelse:\n    raise AssertionError('no ValueError')"]
+    raising = "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return 41\n"
+    assert run(sandbox, raising, catching).passed == 2
+    for name in ("always_equal", "exits_when_called", "huge_value"):
+        assert run(sandbox, ATTACKS[name], catching[:1]).passed == 0, name
+
+
+def test_the_program_cannot_redefine_what_the_tests_use_besides_its_own_functions(sandbox):
+    """Names the task's setup or Python's builtins give the tests stay the judge's: a program's
+    own `len`, `abs` or setup helper `poly` changes only its own namespace."""
+    setup = "def poly(x):\n    return x * x - 4\n"
+    tests = ["assert poly(f(3)) == 0", "assert len(g()) == 2", "assert abs(f(-1)) == 2"]
+    forged = setup.replace("x * x - 4", "0") + (
+        "def f(x):\n    return 5\ndef g():\n    return None\nlen = lambda x: 2\n"
+        "abs = lambda x: 2\n")
+    assert run(sandbox, forged, tests, setup=setup).passed == 0
+    right = "def f(x):\n    return 2 if x > 0 else -2\ndef g():\n    return 'ab'\n"
+    assert run(sandbox, right, tests, setup=setup).passed == 3
+
+
+def test_plain_data_round_trips_and_nothing_else_crosses():
+    from astranb_code import _wire
+
+    value = [None, True, 0, -7, 2 ** 200, 1.5, -0.0, float("inf"), "ü\n", b"\x00\xff",
+             (1, (2, [3])), {1, "a"}, frozenset({(1, 2)}), {(1, 2): {"k": [None]}, 3: 4.0}]
+    back = _wire.decode(_wire.loads(_wire.dumps(value)))
+    assert back == value and [type(v) for v in back] == [type(v) for v in value]
+    assert str(_wire.decode(_wire.loads(_wire.dumps(float("nan"))))) == "nan"
+
+    class Int(int):
+        pass
+
+    nested: list = []
+    for _ in range(_wire.MAX_DEPTH + 1):
+        nested = [nested]
+    for bad in (Int(3), object(), [1, lambda: 0], nested, 2 ** 5000, {"a": print}):
+        with pytest.raises(_wire.WireError):
+            _wire.encode(bad)
+    for data in ({"object": []}, {"tuple": 3}, {"a": 1, "b": 2}, {"dict": [[[1], 2]]},
+                 {"set": [[1]]}, {"bytes": "zz"}):
+        with pytest.raises(_wire.WireError):
+            _wire.decode(data)
+    with pytest.raises(_wire.WireError, match="not JSON"):
+        _wire.loads("[" * 100_000)
+
+
+def test_a_module_the_program_imported_is_the_judges_own_copy(sandbox):
+    """MBPP's tests may use a module only the program imports; the judge imports its own, so
+    a program that patches math.isclose patches nothing the tests see."""
+    tests = ["assert math.isclose(f(3), 41.0)"]
+    patched = "import math\nmath.isclose = lambda *a, **k: True\ndef f(x):\n    return 0.0\n"
+    assert run(sandbox, patched, tests).passed == 0
+    assert run(sandbox, "import math\ndef f(x):\n    return 13.0 * x + 2\n", tests).passed == 1
+    assert "NameError" in run(sandbox, "import os as math\ndef f(x):\n    return 41.0",
+                              tests).error

@@ -6,7 +6,8 @@ given; the tests never reach this process or its directory), then serves the pro
 to the judge, one JSON line per request and per answer:
 
     {"id": 1, "describe": ["f", "g"]}        -> {"id": 1, "ok": true, "value": {"f": "function",
-                                                   "g": "missing"}} (or ["value", DATA])
+                                                   "g": "missing"}} (or ["value", DATA],
+                                                   ["module", "math"])
     {"id": 2, "call": "f", "args": [DATA...], "kwargs": {"k": DATA}}
                                              -> {"id": 2, "ok": true, "value": DATA}
                                              or {"id": 2, "ok": false, "error": "ValueError: .."}
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _wire  # noqa: E402  (a file beside this one in the job's directory)
@@ -66,6 +68,8 @@ def _describe(namespace: dict, name: str):
     if name not in namespace:
         return "missing"
     thing = namespace[name]
+    if isinstance(thing, types.ModuleType):
+        return ["module", thing.__name__]
     if callable(thing):
         return "function"
     try:

@@ -12,8 +12,10 @@ Two processes per job, and the tests live in only one of them:
     own resource limits, not dumpable: it executes the tests, and each call the tests make to
     the program's functions crosses to the program as plain data and back as plain data
     (`_wire`: None, bool, int, float, str, bytes, list, tuple, dict, set, by exact type);
-  - the verdicts come to this process over a pipe only the judge holds; nothing the program
-    writes (its answers, its stdout, its exit code) is read as a verdict.
+  - the verdicts come to this process over a pipe only the judge holds, each line with the
+    job's random token (given to the judge on its stdin, written and closed before the program
+    starts); nothing the program writes (its answers, its stdout, its exit code) is read as a
+    verdict.
 
 So the program can choose only what its functions return. An object whose `__eq__` is always
 True, a subclass of int, a patched exec or json, forged report lines, a rewritten test list:
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -67,13 +70,16 @@ def run_tests(sandbox: Sandbox, program: str, tests: list[str], *, setup: str,
     started = time.monotonic()
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
+    judge = _Judge({"setup": setup, "tests": tests, "entry_point": entry_point, "count": count,
+                    "seconds": limits.wall_seconds, "answer_bytes": ANSWER_BYTES,
+                    "token": secrets.token_hex(16)},
+                   request_w, answer_r)  # starts while the sandbox sets the job up
     files = {**SERVER_FILES, "program.py": program, "setup.py": setup}
     try:
         job = sandbox.launch(files, ["_runner.py", str(request_r), str(answer_w)],
                              limits=limits, pass_fds=(request_r, answer_w))
     except BaseException:
-        for fd in (request_w, answer_r):
-            os.close(fd)
+        judge.finish(0)
         raise
     finally:
         os.close(request_r)
@@ -81,63 +87,78 @@ def run_tests(sandbox: Sandbox, program: str, tests: list[str], *, setup: str,
     with job:
         out = _Collector(job.stdout.fileno(), limits.output_bytes)  # type: ignore[union-attr]
         err = _Collector(job.stderr.fileno(), limits.output_bytes)  # type: ignore[union-attr]
-        verdicts, judge_error, judge_late = _judge(
-            {"setup": setup, "tests": tests, "entry_point": entry_point, "count": count,
-             "seconds": limits.wall_seconds, "answer_bytes": ANSWER_BYTES},
-            request_w, answer_r, limits)
+        judge.finish(limits.wall_seconds + JUDGE_GRACE)
         if job.wait(0.2) is None:  # the judge is done with it: a clean exit or the kill
             job.kill()
         job.wait()
         out.join()
         err.join()
     totals = [count_asserts(t) if count == "asserts" else 1 for t in tests]
-    return _result(verdicts, totals, job, out.text(), err.text(), limits,
-                   time.monotonic() - started, judge_error, judge_late)
+    return _result(judge.events, totals, job, out.text(), err.text(), limits,
+                   time.monotonic() - started, judge.error, judge.late)
 
 
-def _judge(job: dict[str, Any], request_w: int, answer_r: int,
-           limits: Limits) -> tuple[list[dict[str, Any]], str | None, bool]:
-    """Runs the judge to its end; its verdicts, its own failure (None) and whether it ran past
-    its time. Closes the judge's ends of the program's pipes."""
-    verdict_r, verdict_w = os.pipe()
-    try:
-        judge = _contain.popen(
-            [sys.executable, "-I", JUDGE, str(request_w), str(answer_r), str(verdict_w)],
-            cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            pass_fds=(request_w, answer_r, verdict_w), start_new_session=True)
-    finally:
-        for fd in (request_w, answer_r, verdict_w):
-            os.close(fd)
-    reader = _Collector(verdict_r, 1 << 20)
-    err = _Collector(judge.stderr.fileno(), 16 << 10)  # type: ignore[union-attr]
-    with contextlib.suppress(OSError):
-        judge.stdin.write(json.dumps(job, allow_nan=True).encode())  # type: ignore[union-attr]
-        judge.stdin.close()  # type: ignore[union-attr]
-    late = False
-    try:
-        judge.wait(timeout=limits.wall_seconds + JUDGE_GRACE)
-    except subprocess.TimeoutExpired:
-        late = True
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(judge.pid, signal.SIGKILL)
-    judge.wait()
-    reader.join()
-    err.join()
-    judge.stderr.close()  # type: ignore[union-attr]
-    os.close(verdict_r)
-    tail = err.text().strip().splitlines()[-1:]
-    failed = None if judge.returncode == 0 else (
-        f"the judge exited with code {judge.returncode}" + (f": {tail[0]}" if tail else ""))
-    return _events(reader.text()), failed, late
+class _Judge:
+    """The judge process (see _judge.py), holding the request pipe's write end and the answer
+    pipe's read end (closed here once it has them) and the only write end of the verdicts."""
+
+    def __init__(self, job: dict[str, Any], request_w: int, answer_r: int) -> None:
+        self.token = job["token"]
+        verdict_r, verdict_w = os.pipe()
+        try:
+            self.process = _contain.popen(
+                [sys.executable, "-I", JUDGE, str(request_w), str(answer_r), str(verdict_w)],
+                cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(request_w, answer_r, verdict_w), start_new_session=True)
+        except BaseException:
+            os.close(verdict_r)
+            raise
+        finally:
+            for fd in (request_w, answer_r, verdict_w):
+                os.close(fd)
+        stdin, stderr = self.process.stdin, self.process.stderr
+        assert stdin is not None and stderr is not None
+        self.verdict_r = verdict_r
+        self.reader = _Collector(verdict_r, 1 << 20)
+        self.stderr = _Collector(stderr.fileno(), 16 << 10)
+        with contextlib.suppress(OSError):  # a judge that died at once: finish() says so
+            stdin.write(json.dumps(job, allow_nan=True).encode())
+            stdin.close()
+        self.events: list[dict[str, Any]] = []
+        self.error: str | None = None
+        """Why the judge itself failed (None when it exited cleanly)."""
+        self.late = False
+        """The judge ran past the job's time and was killed."""
+
+    def finish(self, seconds: float) -> None:
+        """Waits up to `seconds` for the judge to end, then kills it; reads its verdicts."""
+        try:
+            self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.late = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.reader.join()
+        self.stderr.join()
+        self.process.stderr.close()  # type: ignore[union-attr]
+        os.close(self.verdict_r)
+        tail = self.stderr.text().strip().splitlines()[-1:]
+        if self.process.returncode != 0:
+            self.error = f"the judge exited with code {self.process.returncode}" + (
+                f": {tail[0]}" if tail else "")
+        self.events = _events(self.reader.text(), self.token)
 
 
-def _events(text: str) -> list[dict[str, Any]]:
+def _events(text: str, token: str) -> list[dict[str, Any]]:
+    """The judge's verdict lines: those that carry this job's token."""
     events = []
     for line in text.splitlines():
         with contextlib.suppress(ValueError):
             event = json.loads(line)
-            if isinstance(event, dict) and isinstance(event.get("event"), str):
+            if isinstance(event, dict) and isinstance(event.get("event"), str) \
+                    and event.get("token") == token:
                 events.append(event)
     return events
 
