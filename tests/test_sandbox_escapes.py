@@ -54,6 +54,18 @@ def sandbox():
     return Sandbox(FAST, concurrency=2)
 
 
+@pytest.fixture(scope="module")
+def unhooked():
+    """The layers outside the job's interpreter alone (as against a program that found its
+    way around the audit hook)."""
+    return Sandbox(FAST, concurrency=2, audit_hook=False)
+
+
+@pytest.fixture(params=["all layers", "without the audit hook"])
+def layers(request):
+    return request.getfixturevalue("sandbox" if request.param == "all layers" else "unhooked")
+
+
 @pytest.fixture
 def outside():
     """A folder outside every job, writable by anyone (as /tmp is), removed afterwards."""
@@ -74,10 +86,10 @@ def did(result):
 
 # -- writes outside the job's directory ----------------------------------------------------------
 
-def test_no_write_reaches_a_folder_outside_the_job(sandbox, outside):
+def test_no_write_reaches_a_folder_outside_the_job(layers, outside):
     token = secrets.token_hex(4)
     in_tmp = f"/tmp/astranb-escape-{token}"
-    result = attack(sandbox, f'''
+    result = attack(layers, f'''
         out, tmp = {outside!r}, {in_tmp!r}
         def via_dir_fd():
             fd = os.open(out, os.O_RDONLY)
@@ -102,10 +114,10 @@ def test_no_write_reaches_a_folder_outside_the_job(sandbox, outside):
     assert glob.glob(in_tmp + "*") == []
 
 
-def test_shared_memory_does_not_carry_over_to_the_next_job(sandbox):
+def test_shared_memory_does_not_carry_over_to_the_next_job(layers):
     token = secrets.token_hex(4)
     names = [f"/dev/shm/astranb-escape-{token}", f"/tmp/astranb-escape-{token}"]
-    first = attack(sandbox, f'''
+    first = attack(layers, f'''
         for name in {names!r}:
             attempt("write " + name, lambda: open(name, "w").write("state"))
             def via_ctypes(path=name + "-c"):
@@ -117,7 +129,7 @@ def test_shared_memory_does_not_carry_over_to_the_next_job(sandbox):
         attempt("shm_open", lambda: shared_memory.SharedMemory("astranb-escape-{token}-m",
                                                                 create=True, size=64).name)
     ''')
-    second = attack(sandbox, f'''
+    second = attack(layers, f'''
         import glob
         print("FOUND", sorted(glob.glob("/dev/shm/*{token}*") + glob.glob("/tmp/*{token}*")))
     ''')
@@ -126,10 +138,10 @@ def test_shared_memory_does_not_carry_over_to_the_next_job(sandbox):
     assert glob.glob(f"/dev/shm/*{token}*") + glob.glob(f"/tmp/*{token}*") == []
 
 
-def test_the_c_library_runs_no_shell_on_the_host(sandbox):
+def test_the_c_library_runs_no_shell_on_the_host(layers):
     token = secrets.token_hex(4)
     target = f"/tmp/astranb-escape-{token}"
-    result = attack(sandbox, f'''
+    result = attack(layers, f'''
         attempt("system", lambda: libc().system(b"id > {target}"))
         attempt("pythonapi system", lambda: ctypes.pythonapi.system(b"id > {target}-2"))
         import _posixsubprocess
@@ -148,7 +160,7 @@ def test_the_c_library_runs_no_shell_on_the_host(sandbox):
 
 # -- the host's sockets, files and processes ----------------------------------------------------
 
-def test_no_connection_reaches_a_unix_socket_of_the_host(sandbox, outside):
+def test_no_connection_reaches_a_unix_socket_of_the_host(layers, outside):
     path = os.path.join(outside, "host.sock")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -167,7 +179,7 @@ def test_no_connection_reaches_a_unix_socket_of_the_host(sandbox, outside):
     listener = threading.Thread(target=accept)
     listener.start()
     try:
-        result = attack(sandbox, f'''
+        result = attack(layers, f'''
             def via_ctypes():
                 c = libc()
                 fd = c.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
@@ -191,7 +203,7 @@ def test_no_connection_reaches_a_unix_socket_of_the_host(sandbox, outside):
     assert arrived == []
 
 
-def test_the_host_s_files_processes_and_folders_stay_unseen(sandbox, outside):
+def test_the_host_s_files_processes_and_folders_stay_unseen(layers, outside):
     secret = "s3cret-" + secrets.token_hex(8)
     with open(os.path.join(outside, "readable.txt"), "w") as f:
         f.write(secret)
@@ -199,7 +211,7 @@ def test_the_host_s_files_processes_and_folders_stay_unseen(sandbox, outside):
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                "--token", secret + "-argv"])
     try:
-        result = attack(sandbox, f'''
+        result = attack(layers, f'''
             import glob
             attempt("read", lambda: open({outside!r} + "/readable.txt").read())
             def via_ctypes():
@@ -320,7 +332,7 @@ print(json.dumps({"passed": result.passed, "error": result.error, "stdout": resu
 
 
 @pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
-def test_two_processes_sandboxes_neither_disturb_nor_reach_each_other(sandbox):
+def test_two_processes_sandboxes_neither_disturb_nor_reach_each_other():
     token = secrets.token_hex(4)
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, token], stdout=subprocess.PIPE,
                               text=True)

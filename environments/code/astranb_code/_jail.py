@@ -8,8 +8,8 @@ command line, so the job needs no file of this package. Before any code of the j
   1. asks to be killed when the process that launched it dies (PR_SET_PDEATHSIG);
   2. lowers its resource limits (CPU seconds, address space, file size, processes, open files,
      no core files);
-  3. without bubblewrap, enters new user, network and PID namespaces when the kernel lets an
-     unprivileged process make them (no network interface; every process dies with the job);
+  3. without bubblewrap, enters new user, network, IPC and PID namespaces when the kernel lets
+     an unprivileged process make them (no network interface; every process dies with the job);
   4. installs an audit hook (PEP 578): no socket connect, bind or send, no signal to any process
      but its own children, no file opened for writing outside the job's directory, no new
      program executed, no ctypes (the C library would step around the hook);
@@ -29,6 +29,7 @@ import signal
 import sys
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+CLONE_NEWIPC = 0x08000000
 PR_SET_PDEATHSIG = 1
 
 
@@ -42,7 +43,8 @@ def main():
     if isolation.get("pid") == "namespace":
         _become_init_of_namespace()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _guard(here)
+    if config["audit"]:
+        _guard(here)
     status = os.fdopen(config["status_fd"], "w", encoding="utf-8")
     status.write(json.dumps(isolation) + "\n")
     status.close()
@@ -79,17 +81,18 @@ def _limit(limits):
 
 
 def _isolate():
-    """New user + network + PID namespaces if the kernel lets an unprivileged process make them;
-    otherwise the audit hook and the session do the job."""
+    """New user + network + IPC + PID namespaces if the kernel lets an unprivileged process make
+    them (no SysV shared memory outlives the job either); otherwise the audit hook and the
+    session do the job."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
+        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWPID) == 0:
             return {"network": "namespace", "pid": "namespace"}
-        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-            return {"network": "namespace", "pid": "session"}
+        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) == 0:
+            return {"network": "namespace", "pid": "group"}
     except (OSError, AttributeError):
         pass
-    return {"network": "audit", "pid": "session"}
+    return {"network": "audit", "pid": "group"}
 
 
 def _become_init_of_namespace():

@@ -214,7 +214,7 @@ class Job:
         go_r, go_w = os.pipe()
         config = {"parent": 0 if sandbox._bwrap else os.getpid(), "status_fd": status_w,
                   "go_fd": go_r, "namespaces": sandbox._bwrap is not None,
-                  "limits": dataclasses.asdict(limits)}
+                  "limits": dataclasses.asdict(limits), "audit": sandbox._audit_hook}
         command = [sandbox.python, "-I", "-c", _JAIL_SOURCE, json.dumps(config), *argv]
         if sandbox._bwrap:
             command = _contain.bwrap_argv(sandbox._bwrap, self.directory, uid or os.getuid(),
@@ -252,7 +252,7 @@ class Job:
             self.isolation.setdefault("network", "audit")
             self.isolation.setdefault("pid", "group")
             self.isolation["mounts"] = "host"
-        self.isolation["audit"] = "hook"
+        self.isolation["audit"] = "hook" if sandbox._audit_hook else "none"
 
     @property
     def returncode(self) -> int | None:
@@ -358,10 +358,12 @@ class Sandbox:
             only its standard library.
         bubblewrap: use bubblewrap where it is installed (default); False runs the layers
             beneath it only (as does ASTRANB_SANDBOX_NO_BWRAP=1).
+        audit_hook: install the audit hook in each job (default). False only to test what the
+            layers outside the job's interpreter contain alone.
     """
 
     def __init__(self, limits: Limits | None = None, *, concurrency: int | None = None,
-                 python: str | None = None, bubblewrap: bool = True):
+                 python: str | None = None, bubblewrap: bool = True, audit_hook: bool = True):
         self.limits = limits or Limits()
         self.concurrency = concurrency or os.cpu_count() or 1
         if self.concurrency < 1:
@@ -374,6 +376,7 @@ class Sandbox:
         self._free = threading.Condition()
         self.jobs = 0
         """Jobs run so far."""
+        self._audit_hook = audit_hook
         self._bwrap = _contain.bwrap_path() if bubblewrap else None
         self._roots = _contain.python_roots(self.python) if self._bwrap else []
         if self._bwrap and not self._probe():
