@@ -161,44 +161,51 @@ def test_the_c_library_runs_no_shell_on_the_host(layers):
 # -- the host's sockets, files and processes ----------------------------------------------------
 
 def test_no_connection_reaches_a_unix_socket_of_the_host(layers, outside):
-    path = os.path.join(outside, "host.sock")
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path)
-    os.chmod(path, 0o777)
-    server.listen()
-    server.settimeout(0.2)
+    addresses = [os.path.join(outside, "host.sock").encode(),  # a file, and an abstract name
+                 b"\0astranb-escape-" + secrets.token_hex(4).encode()]
+    servers = []
+    for address in addresses:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(address)
+        server.listen()
+        server.settimeout(0.2)
+        servers.append(server)
+    os.chmod(addresses[0], 0o777)
     arrived, done = [], threading.Event()
 
-    def accept():
+    def accept(server):
         while not done.is_set():
             try:
-                arrived.append(server.accept())
+                arrived.append(server.accept()[0])
             except OSError:
                 continue
 
-    listener = threading.Thread(target=accept)
-    listener.start()
+    listeners = [threading.Thread(target=accept, args=(server,)) for server in servers]
+    for listener in listeners:
+        listener.start()
     try:
         result = attack(layers, f'''
-            def via_ctypes():
-                c = libc()
-                fd = c.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
-                address = (ctypes.c_ushort(socket.AF_UNIX).value).to_bytes(2, "little") + \\
-                    {path.encode()!r} + b"\\0"
-                buffer = ctypes.create_string_buffer(address, 110)
-                code = c.connect(fd, buffer, 110)
-                return code if code < 0 else c.send(fd, b"hello", 5, 0)
-            attempt("ctypes connect", via_ctypes)
-            def via_socket():
-                s = socket.socket(socket.AF_UNIX)
-                s.connect({path!r})
-                return s.send(b"hello")
-            attempt("socket connect", via_socket)
+            for address in {addresses!r}:
+                def via_ctypes():
+                    c = libc()
+                    fd = c.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
+                    raw = socket.AF_UNIX.to_bytes(2, "little") + address
+                    buffer = ctypes.create_string_buffer(raw, len(raw) + 1)
+                    code = c.connect(fd, buffer, len(raw) + (address[0] != 0))
+                    return code if code < 0 else c.send(fd, b"hello", 5, 0)
+                attempt("ctypes connect", via_ctypes)
+                def via_socket():
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(address)
+                    return s.send(b"hello")
+                attempt("socket connect", via_socket)
         ''')
     finally:
         done.set()
-        listener.join()
-        server.close()
+        for listener in listeners:
+            listener.join()
+        for connection in [*arrived, *servers]:
+            connection.close()
     assert result.passed == 2, result
     assert arrived == []
 
@@ -421,7 +428,7 @@ except KeyboardInterrupt:
 '''
 
 
-def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it():
+def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it(monkeypatch):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
@@ -431,6 +438,7 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it():
             assert time.monotonic() < deadline, "no job started"
             time.sleep(0.05)
         jobs = _descendants(holder.pid)
+        directories = {os.readlink(f"/proc/{pid}/cwd") for pid in jobs if _alive(pid)} - {"/"}
         os.killpg(holder.pid, 2)  # Ctrl-C in a terminal, a notebook's stop button
         assert holder.stdout.readline().strip() == "interrupted"
         assert all(_alive(pid) for pid in jobs), "SIGINT reached the job"
@@ -440,6 +448,12 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it():
         while any(_alive(pid) for pid in jobs):
             assert time.monotonic() < deadline, "the job outlived its launcher"
             time.sleep(0.05)
+        if ROOT:  # the dead launcher's job directory (a tmpfs) is reclaimed by the next one
+            from astranb_code import _contain
+            assert any(d.startswith(_contain.STATE) for d in directories), directories
+            monkeypatch.setattr(_contain.UidLease, "_reclaimed", False)
+            Sandbox(FAST, concurrency=1)
+            assert not any(os.path.exists(d) or os.path.ismount(d) for d in directories)
     finally:
         holder.kill()
         holder.wait()

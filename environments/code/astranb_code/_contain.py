@@ -88,26 +88,47 @@ class UidLease:
 
     @classmethod
     def take(cls, wait: float = 30.0) -> UidLease:
-        folder = _state_dir("uids", 0o700)
         deadline = time.monotonic() + wait
         start = os.getpid() % UID_COUNT  # two processes start their search apart
         while True:
             for i in range(UID_COUNT):
-                uid = UID_BASE + (start + i) % UID_COUNT
-                fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                             0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                kill_user(uid)  # a dead holder's leftovers
-                remove_job_dir(job_dir_path(uid))
-                return cls(uid, fd)
+                lease = cls._try(UID_BASE + (start + i) % UID_COUNT)
+                if lease is not None:
+                    return lease
             if time.monotonic() > deadline:
                 raise ContainError(f"all {UID_COUNT} sandbox uids ({UID_BASE}+) are in use on "
                                    "this machine; let some jobs end or run fewer at once")
             time.sleep(0.05)
+
+    @classmethod
+    def _try(cls, uid: int) -> UidLease | None:
+        """The lease of `uid` if no live process holds it, its last holder's leftovers gone."""
+        folder = _state_dir("uids", 0o700)
+        fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        kill_user(uid)
+        remove_job_dir(job_dir_path(uid))
+        return cls(uid, fd)
+
+    @classmethod
+    def reclaim(cls) -> None:
+        """Cleans up after holders that died with a job running (its directory, a mounted
+        tmpfs, its processes), once per process: the next holder of that uid would, but it
+        may be a while."""
+        if cls._reclaimed:
+            return
+        cls._reclaimed = True
+        for name in os.listdir(_state_dir("jobs", 0o711)):
+            if name.isdigit() and UID_BASE <= int(name) < UID_BASE + UID_COUNT:
+                lease = cls._try(int(name))
+                if lease is not None:
+                    lease.release()
+
+    _reclaimed = False
 
     def release(self) -> None:
         if self._fd >= 0:

@@ -371,6 +371,7 @@ class Sandbox:
         self._root = os.geteuid() == 0
         self.python = python or sys.executable
         if self._root:
+            _contain.UidLease.reclaim()
             self.python = _python_for_jobs(python)
         self._slots: list[int] = list(range(self.concurrency))
         self._free = threading.Condition()
