@@ -175,6 +175,12 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
             pass
         os.close(target)
 """,
+    "garbles_its_answers": """
+import os, sys
+def f(x):
+    os.write(int(sys.argv[2]), b"not an answer\\n")
+    return None
+""",
     "exits_before_the_tests": WRONG + "import os\nos._exit(0)\n",
     "exits_when_called": "import os\ndef f(x):\n    os._exit(0)\n",
     "systemexit_when_called": "def f(x):\n    raise SystemExit(0)\n",
@@ -292,7 +298,7 @@ def test_a_test_that_catches_exceptions_still_fails_a_forged_answer(sandbox):
                 "\nelse:\n    raise AssertionError('no ValueError')"]
     raising = "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return 41\n"
     assert run(sandbox, raising, catching).passed == 2
-    for name in ("always_equal", "exits_when_called", "huge_value"):
+    for name in ("always_equal", "exits_when_called", "huge_value", "garbles_its_answers"):
         assert run(sandbox, ATTACKS[name], catching[:1]).passed == 0, name
 
 

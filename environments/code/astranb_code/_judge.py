@@ -41,7 +41,7 @@ import select
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _wire  # noqa: E402  (the codec beside this file)
@@ -82,7 +82,10 @@ class _Program:
             os.write(self.requests, (json.dumps(request, allow_nan=True) + "\n").encode())
         except OSError:
             self._stop("the program ended (it stopped reading its requests)")
-        answer = _wire.loads(self._line())
+        try:
+            answer = _wire.loads(self._line())
+        except _wire.WireError as error:
+            self._stop(f"the program's answer is {error}")
         if type(answer) is not dict or answer.get("id") != request["id"]:
             self._stop("the program answered out of turn")
         if "program_error" in answer:
@@ -107,11 +110,11 @@ class _Program:
             self._stop(f"the program answered more than {self.answer_bytes} bytes")
         return line
 
-    def _stop(self, why: str) -> None:
+    def _stop(self, why: str) -> NoReturn:
         self.gone = self.gone or why
         self._fail(why)
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str) -> NoReturn:
         self.misconduct = True
         raise Misconduct(why)
 
@@ -148,8 +151,11 @@ def _as_exception(kind: str, message: str) -> Exception:
     found = getattr(builtins, kind, None)
     if isinstance(found, type) and issubclass(found, Exception) and not issubclass(
             found, (StopIteration, StopAsyncIteration)):
-        return found(message)
-    return RuntimeError(message)
+        try:
+            return found(message)
+        except Exception:  # one that takes other arguments (UnicodeDecodeError)
+            pass
+    return RuntimeError(f"{kind}: {message}")
 
 
 # -- which names are the program's ----------------------------------------------------------------
@@ -241,7 +247,7 @@ class _Judge:
         names = [n for n in program_names(self.job["setup"], self.job["tests"], entry)
                  if n == entry or n not in self.namespace]
         try:
-            described = self.program.ask({"describe": names})["value"]
+            described = self.program.ask({"describe": names}).get("value")
         except Misconduct as error:
             self.send({"event": "program", "ok": False, "error": str(error)})
             return False
@@ -264,38 +270,42 @@ class _Judge:
         self.program.misconduct = False
         if self.job["count"] == "asserts":
             return self.asserts(index, source)
-        error = self.execute(compile(source, f"test_{index}.py", "exec"))
+        error = self.execute(source, f"test_{index}.py")
         return {"event": "test", "index": index, "passed": int(error is None), "total": 1,
                 "error": error}
 
     def asserts(self, index: int, source: str) -> dict[str, Any]:
         sites = _Sites()
-        tree = ast.fix_missing_locations(sites.visit(ast.parse(source)))
+        try:
+            tree: Any = ast.fix_missing_locations(sites.visit(ast.parse(source)))
+        except SyntaxError:
+            tree = source  # execute() reports the SyntaxError
         held: dict[int, bool] = {}
         first: list[str] = []
 
         def check(site: int, condition: Any) -> None:
-            self.program.misconduct = False
             try:
                 ok = bool(condition())
                 why = None if ok else "AssertionError"
             except BaseException as error:
                 ok, why = False, _describe(error)
-            ok = ok and not self.program.misconduct
+            if ok and self.program.misconduct:  # the test swallowed a Misconduct
+                ok, why = False, "the program misbehaved"
             held[site] = held.get(site, True) and ok
             if why and not first:
                 first.append(why)
 
         self.namespace["__assert__"] = check
-        error = self.execute(compile(tree, f"test_{index}.py", "exec"))
+        error = self.execute(tree, f"test_{index}.py")
         total = sites.count or 1  # no assert that can fail: the test itself counts
         passed = sum(held.values()) if sites.count else int(error is None)
         return {"event": "test", "index": index, "passed": passed, "total": total,
                 "error": (first[0] if first else error) if passed < total else None}
 
-    def execute(self, code: Any) -> str | None:
+    def execute(self, source: Any, filename: str) -> str | None:
+        """Runs a test (source or syntax tree); its error in one line, or None."""
         try:
-            exec(code, self.namespace)
+            exec(compile(source, filename, "exec"), self.namespace)
         except BaseException as error:
             return _describe(error)
         return "the program misbehaved" if self.program.misconduct else None
