@@ -350,3 +350,21 @@ def test_a_module_the_program_imported_is_the_judges_own_copy(sandbox):
     assert run(sandbox, "import math\ndef f(x):\n    return 13.0 * x + 2\n", tests).passed == 1
     assert "NameError" in run(sandbox, "import os as math\ndef f(x):\n    return 41.0",
                               tests).error
+
+
+def test_each_test_stands_alone_and_program_values_cross_as_plain_data(sandbox):
+    """A test that does not parse fails alone; a constant the program defines reaches the tests
+    as its value; with count="asserts" a bare `except:` in the test does not rescue a forged
+    answer, and the asserts before it still count."""
+    program = "LIMIT = (10, 'x')\ndef f(x):\n    return 13 * x + 2\n"
+    tests = ["assert f(3) ==", "assert LIMIT == (10, 'x') and type(LIMIT) is tuple", TESTS[0]]
+    result = run(sandbox, program, tests)
+    assert (result.passed, result.total) == (2, 3) and "SyntaxError" in result.error
+    swallowing = ["assert f(3) == 41\ntry:\n    answer = f(7)\nexcept:\n    answer = 93\n"
+                  "assert answer == 93\nassert f(-2) == -24"]
+    forged = "class Anything:\n    def __eq__(self, other):\n        return True\n" \
+             "def f(x):\n    return 41 if x == 3 else Anything()\n"
+    partial = run(sandbox, forged, swallowing, count="asserts")
+    assert (partial.passed, partial.total) == (1, 3)
+    right = run(sandbox, "def f(x):\n    return 13 * x + 2\n", swallowing, count="asserts")
+    assert (right.passed, right.total, right.error) == (3, 3, None)
