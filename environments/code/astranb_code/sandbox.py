@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -124,12 +125,12 @@ class Result:
     """What running a program and its tests came to."""
 
     passed: int
-    """Tests that ran without an exception."""
+    """Tests the judge passed (count="asserts": asserts that held every time they ran)."""
     total: int
-    """Tests given."""
+    """Tests given (count="asserts": their asserts that can fail)."""
     error: str | None = None
-    """Why the job did not pass every test: the program's or a test's exception, a timeout, a
-    limit, a crash. None when all passed."""
+    """Why the job did not pass every test: the program's or a test's exception, an answer that
+    is not plain data, a timeout, a limit, a crash. None when all passed."""
     timed_out: bool = False
     """The wall clock ran out and the job was killed."""
     exit_code: int | None = None
@@ -379,7 +380,7 @@ class Sandbox:
         """Jobs run so far."""
         self._audit_hook = audit_hook
         self._bwrap = _contain.bwrap_path() if bubblewrap else None
-        self._roots = _contain.python_roots(self.python) if self._bwrap else []
+        self._roots = _contain.python_roots(self.python) if self._bwrap else ()
         if self._bwrap and not self._probe():
             self._bwrap = None
         if self._bwrap is None:
@@ -410,7 +411,14 @@ class Sandbox:
                           tuple(pass_fds), stdin, stdout, stderr)
 
     def _probe(self) -> bool:
-        """A first job under bubblewrap: False (bubblewrap unusable here) when it fails."""
+        """A first job under bubblewrap: False (bubblewrap unusable here) when it fails. Once
+        per bwrap and interpreter in a process."""
+        key = (self._bwrap, self.python)
+        if key not in _PROBED:
+            _PROBED[key] = self._probe_now()
+        return _PROBED[key]
+
+    def _probe_now(self) -> bool:
         try:
             with self.launch({"probe.py": "print('ok')"}, ["probe.py"],
                              limits=dataclasses.replace(self.limits, wall_seconds=30)) as job:
@@ -470,6 +478,10 @@ class Sandbox:
             self._free.notify()
 
 
+_PROBED: dict[tuple[str | None, str], bool] = {}
+
+
+@functools.cache
 def _python_for_jobs(given: str | None) -> str:
     """An interpreter the jobs' uids can run: `given`, else this one, else the system's
     python3 (a pyenv or conda interpreter in root's home directory is out of their reach)."""
