@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import queue
 import shutil
@@ -299,7 +300,7 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap", path=os.environ.get("PATH", os.defpath) + ":/usr/bin:/bin")
 
 
-def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: list[str],
+def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: tuple[str, ...],
                scratch_bytes: int) -> list[str]:
     """bwrap's arguments for one job, run by `uid` (bwrap makes the user namespace itself, so
     it never holds root): read-only system folders, the job's directory its only writable
@@ -478,7 +479,8 @@ def popen(argv: list[str], **kw: Any) -> subprocess.Popen:
     return KEEPER.call(lambda: subprocess.Popen(argv, **kw))
 
 
-def python_roots(python: str) -> list[str]:
+@functools.cache
+def python_roots(python: str) -> tuple[str, ...]:
     """The folders `python` needs (its prefixes and its real location), for bubblewrap to
     mount read-only."""
     try:
@@ -489,4 +491,4 @@ def python_roots(python: str) -> list[str]:
         raise ContainError(f"cannot run the sandbox's Python ({python}): {error}") from error
     roots = {os.path.realpath(p) for p in out.split()}
     roots.add(os.path.dirname(os.path.realpath(python)))
-    return sorted(r for r in roots if r and r != "/")
+    return tuple(sorted(r for r in roots if r and r != "/"))
