@@ -467,9 +467,13 @@ def _cgroup_v1(name: str, limit: int) -> tuple[str, str] | None:
         return None
 
 
-def warn_once(key: str, message: str, _said: set[str] = set()) -> None:  # noqa: B006
-    if key not in _said:
-        _said.add(key)
+WARNED: set[str] = set()
+"""The warnings given so far (each once per process)."""
+
+
+def warn_once(key: str, message: str) -> None:
+    if key not in WARNED:
+        WARNED.add(key)
         import warnings
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
