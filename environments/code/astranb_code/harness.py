@@ -88,8 +88,8 @@ def run_tests(sandbox: Sandbox, program: str, tests: list[str], *, setup: str,
         out = _Collector(job.stdout.fileno(), limits.output_bytes)  # type: ignore[union-attr]
         err = _Collector(job.stderr.fileno(), limits.output_bytes)  # type: ignore[union-attr]
         judge.finish(limits.wall_seconds + JUDGE_GRACE)
-        if job.wait(0.2) is None:  # the judge is done with it: a clean exit or the kill
-            job.kill()
+        job.wait(0.2)  # the judge is done with it: it ends on its own (its own exit code)...
+        job.kill()  # ...or is killed, with whatever it left holding its stdout
         job.wait()
         out.join()
         err.join()
@@ -167,10 +167,10 @@ def _result(events: list[dict[str, Any]], totals: list[int], job: Any, out: str,
             limits: Limits, seconds: float, judge_error: str | None, late: bool) -> Result:
     from .sandbox import Result
 
-    passed = {e["index"]: e for e in events if e["event"] == "test"
-              and isinstance(e.get("index"), int) and 0 <= e["index"] < len(totals)}
-    first_failure = next((passed[i].get("error") for i in sorted(passed)
-                          if passed[i].get("error")), None)
+    outcome = {e["index"]: e for e in events if e["event"] == "test"
+               and isinstance(e.get("index"), int) and 0 <= e["index"] < len(totals)}
+    first_failure = next((outcome[i].get("error") for i in sorted(outcome)
+                          if outcome[i].get("error")), None)
     said = {e["event"]: e for e in events}
     timed_out = late or job.timed_out or "timeout" in said
     error: str | None
@@ -191,7 +191,7 @@ def _result(events: list[dict[str, Any]], totals: list[int], job: Any, out: str,
             error += f" ({why_it_died(job.returncode, limits, err)})"
     else:
         error = None
-    score = sum(min(int(passed[i].get("passed", 0)), totals[i]) for i in passed)
+    score = sum(min(int(outcome[i].get("passed", 0)), totals[i]) for i in outcome)
     return Result(score, sum(totals), error, timed_out, job.returncode, out, err, seconds,
                   dict(job.isolation))
 
