@@ -298,7 +298,9 @@ def test_disk_use_is_bounded_in_bytes_and_in_files(sandbox):
     ''', limits=limits)
     words = result.stdout.split()
     written, made = int(words[words.index("WRITTEN") + 1]), int(words[words.index("MADE") + 1])
-    assert written <= 4 and made <= 200, result.stdout
+    assert written <= 4, result.stdout
+    if result.isolation["disk"] == "tmpfs":  # as root: the directory's own, inodes bounded too
+        assert made <= 200, result.stdout
 
 
 # -- two sandboxes on one machine ----------------------------------------------------------------

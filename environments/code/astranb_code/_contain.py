@@ -301,11 +301,18 @@ def bwrap_path() -> str | None:
 
 
 def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: tuple[str, ...],
-               scratch_bytes: int) -> list[str]:
+               scratch_bytes: int, copy_in: dict[str, int] | None = None) -> list[str]:
     """bwrap's arguments for one job, run by `uid` (bwrap makes the user namespace itself, so
     it never holds root): read-only system folders, the job's directory its only writable
     host folder, private /tmp, /dev/shm and /proc, no network, no capabilities, no nested
-    user namespace, dead with its parent."""
+    user namespace, dead with its parent.
+
+    `copy_in` (file name -> a descriptor to read it from): the job's directory is then a
+    tmpfs of `scratch_bytes` made by bwrap, holding copies of those files (where this process
+    cannot mount one itself); otherwise the host's `directory` is bound in.
+
+    bwrap runs as `uid` already: run as root with --uid it must make a user namespace, which
+    maps the job's uid back to root on the host (the job's processes would be root's)."""
     argv = [bwrap, "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
             "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -325,8 +332,16 @@ def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: tuple[str, ..
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(scratch_bytes), "--tmpfs", "/tmp",
              "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",
-             "--bind", directory, directory, "--chdir", directory,
+             *(_copied(directory, copy_in, scratch_bytes) if copy_in is not None
+               else ("--bind", directory, directory)), "--chdir", directory,
              "--setenv", "HOME", directory, "--"]
+    return argv
+
+
+def _copied(directory: str, copy_in: dict[str, int], size: int) -> list[str]:
+    argv = ["--size", str(size), "--tmpfs", directory]
+    for name, fd in copy_in.items():
+        argv += ["--file", str(fd), os.path.join(directory, name)]
     return argv
 
 

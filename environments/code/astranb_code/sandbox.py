@@ -24,7 +24,8 @@ outermost first; `Result.isolation` names the ones a job had:
     other process; after the job every process of that uid is killed and whatever it left in
     /tmp, /var/tmp or /dev/shm removed.
   - its directory on a tmpfs of its own ("disk": "tmpfs", as root): `disk_bytes` and
-    `max_files` bound what it can write; unmounted after the job.
+    `max_files` bound what it can write; unmounted after the job. Without root, under
+    bubblewrap, a tmpfs bwrap makes with copies of its files ("tmpfs (bytes only)").
   - its memory, all processes together ("memory"): a cgroup of its own (v2's memory.max, else
     v1's memory.limit_in_bytes) where this process may make one, else a watcher that sums the
     resident memory of the job's processes every 20 ms and kills the job past the bound.
@@ -217,19 +218,25 @@ class Job:
                   "go_fd": go_r, "namespaces": sandbox._bwrap is not None,
                   "limits": dataclasses.asdict(limits), "audit": sandbox._audit_hook}
         command = [sandbox.python, "-I", "-c", _JAIL_SOURCE, json.dumps(config), *argv]
+        copy_in: dict[str, int] | None = None
         if sandbox._bwrap:
+            if self.isolation["disk"] != "tmpfs":  # no tmpfs of our own: bwrap makes one
+                copy_in = {name: os.open(os.path.join(self.directory, name), os.O_RDONLY)
+                           for name in os.listdir(self.directory)}
+                self.isolation["disk"] = "tmpfs (bytes only)"
             command = _contain.bwrap_argv(sandbox._bwrap, self.directory, uid or os.getuid(),
-                                          sandbox._roots, limits.disk_bytes) + command
+                                          sandbox._roots, limits.disk_bytes, copy_in) + command
         env = {"PATH": os.defpath, "HOME": self.directory, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         try:
             self._proc = _contain.popen(
                 command, cwd=self.directory, env=env, stdin=stdin, stdout=stdout,
-                stderr=stderr, pass_fds=(status_w, go_r, *pass_fds), start_new_session=True,
-                user=uid, group=uid, extra_groups=[] if uid is not None else None)
+                stderr=stderr, pass_fds=(status_w, go_r, *pass_fds, *(copy_in or {}).values()),
+                start_new_session=True, user=uid, group=uid,
+                extra_groups=[] if uid is not None else None)
         finally:
-            os.close(status_w)
-            os.close(go_r)
+            for fd in (status_w, go_r, *(copy_in or {}).values()):
+                os.close(fd)
         self.pid = self._proc.pid
         self.stdin, self.stdout, self.stderr = self._proc.stdin, self._proc.stdout, \
             self._proc.stderr
