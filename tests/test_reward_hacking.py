@@ -320,7 +320,7 @@ def test_the_program_cannot_redefine_what_the_tests_use_besides_its_own_function
 def test_plain_data_round_trips_and_nothing_else_crosses():
     from astranb_code import _wire
 
-    value = [None, True, 0, -7, 2 ** 200, 1.5, -0.0, float("inf"), "ü\n", b"\x00\xff",
+    value = [None, True, 0, -7, 2 ** 13_000, 1.5, -0.0, float("inf"), "ü\n", b"\x00\xff",
              (1, (2, [3])), {1, "a"}, frozenset({(1, 2)}), {(1, 2): {"k": [None]}, 3: 4.0}]
     back = _wire.decode(_wire.loads(_wire.dumps(value)))
     assert back == value and [type(v) for v in back] == [type(v) for v in value]
@@ -332,7 +332,7 @@ def test_plain_data_round_trips_and_nothing_else_crosses():
     nested: list = []
     for _ in range(_wire.MAX_DEPTH + 1):
         nested = [nested]
-    for bad in (Int(3), object(), [1, lambda: 0], nested, 2 ** 5000, {"a": print}):
+    for bad in (Int(3), object(), [1, lambda: 0], nested, 2 ** 15_000, {"a": print}):
         with pytest.raises(_wire.WireError):
             _wire.encode(bad)
     for data in ({"object": []}, {"tuple": 3}, {"a": 1, "b": 2}, {"dict": [[[1], 2]]},

@@ -5,8 +5,9 @@ The judge calls the program's functions with arguments it encodes here, and deco
 back here; nothing else the program sends is read. `encode` accepts exactly None, bool, int,
 float (inf and nan included), str, bytes, list, tuple, dict, set and frozenset, by exact type
 (a subclass of int whose `__eq__` is always True is refused, as is any other object), nested at
-most `MAX_DEPTH` deep and `MAX_ITEMS` values in all. `decode` rebuilds the same values, checking
-the same bounds, from JSON text no longer than the caller's byte cap:
+most `MAX_DEPTH` deep and `MAX_ITEMS` values in all, ints up to `MAX_INT_BITS`. `decode`
+rebuilds the same values, checking the same bounds, from JSON text no longer than the caller's
+byte cap:
 
     null, true, false, 12, 1.5, "text"   themselves (JSON's NaN and Infinity for those floats)
     [a, b]                               list
@@ -26,6 +27,8 @@ MAX_DEPTH = 64
 """Deepest nesting of containers."""
 MAX_ITEMS = 1_000_000
 """Most values in one encoded value, containers included."""
+MAX_INT_BITS = 14_000
+"""Largest int (about the 4300 decimal digits Python's int() reads at most)."""
 _TAGS = ("tuple", "set", "frozenset", "dict", "bytes")
 
 
@@ -75,8 +78,8 @@ class _Encoder(_Counter):
         if value is None or kind is bool or kind is str:
             return value
         if kind is int:
-            if value.bit_length() > 4096:
-                raise WireError("an int of more than 4096 bits")
+            if value.bit_length() > MAX_INT_BITS:
+                raise WireError(f"an int of more than {MAX_INT_BITS} bits")
             return value
         if kind is float:
             return value
@@ -98,9 +101,9 @@ class _Decoder(_Counter):
     def decode(self, data: Any, depth: int) -> Any:
         self.visit(depth)
         kind = type(data)
-        if data is None or kind in (bool, int, str):
-            return data
-        if kind is float:
+        if kind is int and data.bit_length() > MAX_INT_BITS:
+            raise WireError(f"an int of more than {MAX_INT_BITS} bits")
+        if data is None or kind in (bool, int, str, float):
             return data
         if kind is list:
             return [self.decode(item, depth + 1) for item in data]
