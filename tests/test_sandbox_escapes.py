@@ -272,7 +272,7 @@ def test_the_memory_of_all_a_job_s_processes_together_is_bounded(sandbox, bound,
         print("HELD", held)
     ''', limits=limits)
     assert "HELD 4" not in result.stdout, result  # 320 MiB together never fit in 160 MiB
-    assert result.isolation["memory"] != "watcher" or bound == "watcher"
+    assert bound != "watcher" or result.isolation["memory"] == "watcher"
 
 
 def test_disk_use_is_bounded_in_bytes_and_in_files(sandbox):
@@ -452,7 +452,8 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it(monkeypatch):
             assert time.monotonic() < deadline, "no job started"
             time.sleep(0.05)
         jobs = _descendants(holder.pid)
-        directories = {os.readlink(f"/proc/{pid}/cwd") for pid in jobs if _alive(pid)} - {"/"}
+        directories = {os.readlink(f"/proc/{pid}/cwd") for pid in jobs if _alive(pid)} - {"/"} \
+            if ROOT else set()
         os.killpg(holder.pid, 2)  # Ctrl-C in a terminal, a notebook's stop button
         assert holder.stdout.readline().strip() == "interrupted"
         assert all(_alive(pid) for pid in jobs), "SIGINT reached the job"

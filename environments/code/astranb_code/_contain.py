@@ -258,6 +258,27 @@ def family(pid: int) -> list[int]:
     return sorted(members)
 
 
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Waits until none of `pids` is a live process (killed ones take a moment to go)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.002)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_user(uid: int) -> None:
     """SIGKILL every process of `uid` until none is left (a job uid's: whatever the job left,
     even outside its session)."""

@@ -168,6 +168,7 @@ class Job:
         self._lease: _contain.UidLease | None = None
         self._memory: _contain.MemoryGroup | None = None
         self._timer: threading.Timer | None = None
+        self._members: list[int] = []
         self._closed = False
         self._lock = threading.Lock()
 
@@ -287,6 +288,9 @@ class Job:
             _contain.kill_group(self._proc.pid)
         if self._lease is not None:
             _contain.kill_user(self._lease.uid)
+        elif self._proc is not None:  # without a uid of its own: its descendants
+            self._members = _contain.family(self._proc.pid)
+            _contain.kill_pids(self._members)
 
     def close(self) -> None:
         """Kills the job, removes its directory, frees its uid and memory group. Idempotent."""
@@ -299,6 +303,7 @@ class Job:
         self.kill()
         if self._proc is not None:
             self._proc.wait()
+            _contain.wait_gone(self._members)
             for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
                 if stream is not None:
                     with contextlib.suppress(OSError):
