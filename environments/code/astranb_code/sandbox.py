@@ -215,18 +215,7 @@ class Job:
         uid = self._lease.uid if self._lease else None
         status_r, status_w = os.pipe()
         go_r, go_w = os.pipe()
-        config = {"parent": 0 if sandbox._bwrap else os.getpid(), "status_fd": status_w,
-                  "go_fd": go_r, "namespaces": sandbox._bwrap is not None,
-                  "limits": dataclasses.asdict(limits), "audit": sandbox._audit_hook}
-        command = [sandbox.python, "-I", "-c", _JAIL_SOURCE, json.dumps(config), *argv]
-        copy_in: dict[str, int] | None = None
-        if sandbox._bwrap:
-            if self.isolation["disk"] != "tmpfs":  # no tmpfs of our own: bwrap makes one
-                copy_in = {name: os.open(os.path.join(self.directory, name), os.O_RDONLY)
-                           for name in os.listdir(self.directory)}
-                self.isolation["disk"] = "tmpfs (bytes only)"
-            command = _contain.bwrap_argv(sandbox._bwrap, self.directory, uid or os.getuid(),
-                                          sandbox._roots, limits.disk_bytes, copy_in) + command
+        command, copy_in = self._command(sandbox, argv, limits, status_w, go_r)
         env = {"PATH": os.defpath, "HOME": self.directory, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         try:
@@ -263,6 +252,25 @@ class Job:
             self.isolation["mounts"] = "host"
         self.isolation["audit"] = "hook" if sandbox._audit_hook else "none"
 
+    def _command(self, sandbox: Sandbox, argv: list[str], limits: Limits, status_fd: int,
+                 go_fd: int) -> tuple[list[str], dict[str, int] | None]:
+        """The jail's command line, inside bwrap's where there is bubblewrap; and the files
+        bwrap copies into a tmpfs of its own where this process could not mount one."""
+        config = {"parent": 0 if sandbox._bwrap else os.getpid(), "status_fd": status_fd,
+                  "go_fd": go_fd, "namespaces": sandbox._bwrap is not None,
+                  "limits": dataclasses.asdict(limits), "audit": sandbox._audit_hook}
+        command = [sandbox.python, "-I", "-c", _JAIL_SOURCE, json.dumps(config), *argv]
+        if not sandbox._bwrap:
+            return command, None
+        copy_in = None
+        if self.isolation["disk"] != "tmpfs":
+            copy_in = {name: os.open(os.path.join(self.directory, name), os.O_RDONLY)
+                       for name in os.listdir(self.directory)}
+            self.isolation["disk"] = "tmpfs (bytes only)"
+        uid = self._lease.uid if self._lease else os.getuid()
+        return _contain.bwrap_argv(sandbox._bwrap, self.directory, uid, sandbox._roots,
+                                   limits.disk_bytes, copy_in) + command, copy_in
+
     @property
     def returncode(self) -> int | None:
         """The exit code once the job ended (negative: the signal that ended it)."""
@@ -284,12 +292,14 @@ class Job:
 
     def kill(self) -> None:
         """SIGKILL every process of the job (it may be waited for afterwards)."""
-        if self._proc is not None:
-            _contain.kill_group(self._proc.pid)
+        if self._proc is None:
+            return
+        if self._lease is None:  # without a uid of its own: its descendants, found first
+            self._members = _contain.family(self._proc.pid)
+        _contain.kill_group(self._proc.pid)
         if self._lease is not None:
             _contain.kill_user(self._lease.uid)
-        elif self._proc is not None:  # without a uid of its own: its descendants
-            self._members = _contain.family(self._proc.pid)
+        else:
             _contain.kill_pids(self._members)
 
     def close(self) -> None:
