@@ -4,6 +4,7 @@ environments played through the real EpisodeContext with scripted engines."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -70,8 +71,11 @@ def test_setup_runs_before_the_program_and_output_is_kept_bounded(sandbox):
 
 # -- containment ----------------------------------------------------------------------------------
 
-def _processes_of_this_test():
-    return {p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).count("_runner.py")}
+def _processes_of(limits):
+    """Processes whose command line carries `limits` (the jail's config does): this test's own
+    jobs, not those of a test run beside it."""
+    marker = f'"file_bytes": {limits.file_bytes}'
+    return {p for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(p)}
 
 
 def _cmdline(pid):
@@ -92,12 +96,14 @@ def test_an_infinite_loop_is_killed(sandbox):
 
 
 def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandbox):
-    before = _processes_of_this_test()
+    marked = dataclasses.replace(FAST, file_bytes=(1 << 20) + os.getpid() % 100_000)
     result = run(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n"
-                          "    except OSError:\n        pass")
+                          "    except OSError:\n        pass", limits=marked)
     assert result.passed == 0 and result.error
-    time.sleep(0.5)
-    assert _processes_of_this_test() - before == set()
+    deadline = time.monotonic() + 10
+    while _processes_of(marked) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_of(marked) == set()
     assert run(sandbox, ADD).passed == 4
 
 
