@@ -418,6 +418,18 @@ def test_a_launched_job_holds_only_its_files_runs_as_its_uid_and_leaves_nothing(
     assert not any(_alive(pid) for pid in family)
 
 
+def test_a_job_outlives_the_thread_that_launched_it(sandbox):
+    """A job dies with its parent, and to the kernel that is the thread that forked it: a pool
+    thread that retires must not take the jobs it launched with it."""
+    jobs = []
+    launcher = threading.Thread(target=lambda: jobs.append(sandbox.launch(
+        {"sleep.py": "import time\ntime.sleep(30)"}, ["sleep.py"])))
+    launcher.start()
+    launcher.join()
+    with jobs[0] as job:
+        assert job.wait(timeout=1.0) is None, job.stderr.read()  # still sleeping
+
+
 def test_without_bubblewrap_a_warning_says_the_sandbox_is_weaker(monkeypatch):
     from astranb_code import _contain
     monkeypatch.setattr(_contain, "WARNED", set())
