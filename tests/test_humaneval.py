@@ -39,6 +39,7 @@ def score(env, programs):
     return results
 
 
+@pytest.mark.slow  # 328 jobs: 35-60 s on two busy cores (`make test` runs it, test-fast not)
 def test_every_canonical_solution_scores_one_and_every_empty_body_zero(sandbox):
     assert len(ROWS) == 164
     env = Code(ROWS, sandbox=sandbox)
