@@ -17,9 +17,9 @@ off the event loop.
 from __future__ import annotations
 
 from .env import Code, CodeVerifier, extract_code, read_prediction
-from .sandbox import Limits, Result, Sandbox, SandboxError
+from .sandbox import Job, Limits, Result, Sandbox, SandboxError
 from .tasks import TaskError, humaneval_rows, humaneval_tests, normalize, synthetic_tasks
 
-__all__ = ["Code", "CodeVerifier", "Sandbox", "Limits", "Result", "SandboxError", "TaskError",
-           "extract_code", "read_prediction", "normalize", "humaneval_tests", "humaneval_rows",
-           "synthetic_tasks"]
+__all__ = ["Code", "CodeVerifier", "Sandbox", "Job", "Limits", "Result", "SandboxError",
+           "TaskError", "extract_code", "read_prediction", "normalize", "humaneval_tests",
+           "humaneval_rows", "synthetic_tasks"]
