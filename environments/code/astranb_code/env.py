@@ -91,14 +91,14 @@ class _CodeBase(Environment):
     async def run_tests(self, program: str, sample: Mapping[str, Any]) -> Result:
         """Score `program` on `sample` as an episode would (the sandbox, the judge, the task's
         tests): for evaluating given programs, e.g. reference solutions."""
-        task = self.task(sample)
+        return await self._score(program, self.task(sample))
+
+    async def _score(self, program: str, task: Mapping[str, Any]) -> Result:
         return await self.sandbox.run(program, task["tests"], setup=task["setup"],
                                       entry_point=task["entry_point"], count=task["count"])
 
     async def _report(self, program: str, task: Mapping[str, Any]) -> dict[str, Any]:
-        result: Result = await self.sandbox.run(program, task["tests"], setup=task["setup"],
-                                                entry_point=task["entry_point"],
-                                                count=task["count"])
+        result = await self._score(program, task)
         report = dataclasses.asdict(result)
         report["fraction"] = result.fraction
         return report
