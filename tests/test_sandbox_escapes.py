@@ -512,6 +512,9 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it(monkeypatch):
             monkeypatch.setattr(_contain.UidLease, "_reclaimed", False)
             Sandbox(FAST, concurrency=1)
             assert not any(os.path.exists(d) or os.path.ismount(d) for d in directories)
+            groups = [os.path.join(parent, _contain.group_name(int(os.path.basename(d))))
+                      for parent in _contain.group_parents() for d in directories]
+            assert not any(os.path.exists(g) for g in groups), groups  # its memory group too
     finally:
         holder.kill()
         holder.wait()

@@ -114,17 +114,24 @@ class UidLease:
             return None
         kill_user(uid)
         remove_job_dir(job_dir_path(uid))
+        for parent in group_parents():
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(parent, group_name(uid)))
         return cls(uid, fd)
 
     @classmethod
     def reclaim(cls) -> None:
         """Cleans up after holders that died with a job running (its directory, a mounted
-        tmpfs, its processes), once per process: the next holder of that uid would, but it
-        may be a while."""
+        tmpfs, its processes, its memory group), once per process: the next holder of that uid
+        would, but it may be a while."""
         if cls._reclaimed:
             return
         cls._reclaimed = True
-        for name in os.listdir(_state_dir("jobs", 0o711)):
+        names = os.listdir(_state_dir("jobs", 0o711))
+        for parent in group_parents():
+            with contextlib.suppress(OSError):
+                names += [n.removeprefix(GROUP_PREFIX) for n in os.listdir(parent)]
+        for name in set(names):
             if name.isdigit() and UID_BASE <= int(name) < UID_BASE + UID_COUNT:
                 lease = cls._try(int(name))
                 if lease is not None:
@@ -443,6 +450,27 @@ class MemoryGroup:
                 self.exceeded = True
                 self._on_exceeded()
                 return
+
+
+GROUP_PREFIX = "astranb-job-"
+
+
+def group_name(uid: int) -> str:
+    """The memory group of the job running as `uid` (this machine's alone while it runs)."""
+    return f"{GROUP_PREFIX}{uid}"
+
+
+def group_parents() -> list[str]:
+    """Where this process makes memory groups: its own cgroup, in v2 and v1's memory."""
+    parents = []
+    own = _own_cgroup("")
+    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if own is not None and os.path.exists(os.path.join(mount, "cgroup.controllers")):
+            parents.append(os.path.join(mount, own.lstrip("/")))
+    own = _own_cgroup("memory")
+    if own is not None:
+        parents.append(os.path.join("/sys/fs/cgroup/memory", own.lstrip("/")))
+    return [p for p in parents if os.path.isdir(p)]
 
 
 def _own_cgroup(hierarchy: str) -> str | None:

@@ -205,8 +205,8 @@ class Job:
                 f.write(data)
             if uid is not None:
                 os.chown(path, uid, uid)
-        name = f"astranb-job-{uid}" if uid is not None else \
-            f"astranb-job-p{os.getpid()}-{next(_COUNTER)}"  # a uid is this machine's alone
+        name = _contain.group_name(uid) if uid is not None else \
+            f"{_contain.GROUP_PREFIX}p{os.getpid()}-{next(_COUNTER)}"
         self._memory = _contain.MemoryGroup(name, limits.job_memory_bytes, self.kill)
         self.isolation = {"tool": "bubblewrap" if sandbox._bwrap else "none",
                           "user": "separate" if uid is not None else "same",
