@@ -303,6 +303,7 @@ def test_the_memory_of_all_a_job_s_processes_together_is_bounded(sandbox, bound,
         print("HELD", held)
     ''', limits=limits)
     assert "HELD 4" not in result.stdout, result  # 320 MiB together never fit in 160 MiB
+    assert "processes together used over" in (result.error or ""), result  # and it says so
     assert bound != "watcher" or result.isolation["memory"] == "watcher"
 
 

@@ -428,6 +428,7 @@ class MemoryGroup:
 
     def close(self) -> None:
         self._stop.set()
+        self.exceeded = self.over()  # asked after the group is gone, too
         if self.path is not None:
             for _ in range(100):
                 try:
