@@ -472,6 +472,22 @@ def test_without_bubblewrap_a_warning_says_the_sandbox_is_weaker(monkeypatch):
     assert attack(sandbox, "").isolation["tool"] == "none"
 
 
+@pytest.mark.skipif(bool(os.environ.get("ASTRANB_SANDBOX_NO_BWRAP")), reason="bwrap hidden")
+def test_a_bwrap_that_cannot_start_a_job_is_named_in_the_warning(monkeypatch):
+    from astranb_code import _contain
+    from astranb_code import sandbox as module
+    real = _contain.bwrap_argv
+    monkeypatch.setattr(_contain, "bwrap_argv", lambda *a, **k: [*real(*a, **k)[:1],
+                                                                  "--no-such-option",
+                                                                  *real(*a, **k)[1:]])
+    monkeypatch.setattr(module, "_PROBED", {})
+    monkeypatch.setattr(_contain, "WARNED", set())
+    with pytest.warns(RuntimeWarning, match="could not start a job here .bwrap: Unknown option "
+                                            "--no-such-option."):
+        sandbox = Sandbox(FAST, concurrency=1)
+    assert not sandbox.bubblewrap and attack(sandbox, "").passed == 2  # the layers beneath
+
+
 HOLDER = ALONE + '''
 import os, signal, sys, threading
 sandbox = Sandbox(Limits(wall_seconds=60, cpu_seconds=60), concurrency=1)

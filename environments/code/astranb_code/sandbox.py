@@ -360,7 +360,7 @@ def _read_status(fd: int, wall: float) -> dict[str, str]:
     return {str(k): str(v) for k, v in layers.items()} if isinstance(layers, dict) else {}
 
 
-def _without_bwrap_because(asked: bool) -> str:
+def _without_bwrap_because(asked: bool, failed: str) -> str:
     if not asked:
         return "Sandbox(bubblewrap=False) was asked for"
     if os.environ.get("ASTRANB_SANDBOX_NO_BWRAP", "") not in ("", "0"):
@@ -368,8 +368,10 @@ def _without_bwrap_because(asked: bool) -> str:
     if shutil.which("bwrap") is None:
         return ("bubblewrap is not installed (apt install bubblewrap, or `make setup` as root "
                 "installs it)")
-    return "bwrap is installed but could not start a job here (unprivileged user namespaces "\
-        "may be off: sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces)"
+    return (f"bwrap is installed but could not start a job here ({failed}); unprivileged user "
+            "namespaces may be off (sysctl kernel.unprivileged_userns_clone=1, "
+            "user.max_user_namespaces > 0) or the interpreter's folders unreadable by the "
+            "job's user")
 
 
 class Sandbox:
@@ -405,10 +407,11 @@ class Sandbox:
         self._audit_hook = audit_hook
         self._bwrap = _contain.bwrap_path() if bubblewrap else None
         self._roots = _contain.python_roots(self.python) if self._bwrap else ()
-        if self._bwrap and not self._probe():
+        failed = self._probe() if self._bwrap else ""
+        if failed:
             self._bwrap = None
         if self._bwrap is None:
-            why = _without_bwrap_because(bubblewrap)
+            why = _without_bwrap_because(bubblewrap, failed)
             _contain.warn_once(why, f"the code sandbox runs without bubblewrap: {why}. Its "
                                     "jobs see the host's files, /tmp and /dev/shm, and only "
                                     "the audit hook stands between a program's C calls and "
@@ -434,22 +437,26 @@ class Sandbox:
         return Job._start(self, dict(files), list(argv), limits or self.limits,
                           tuple(pass_fds), stdin, stdout, stderr)
 
-    def _probe(self) -> bool:
-        """A first job under bubblewrap: False (bubblewrap unusable here) when it fails. Once
-        per bwrap and interpreter in a process."""
+    def _probe(self) -> str:
+        """A first job under bubblewrap: "" when it ran, else what went wrong (bubblewrap is
+        unusable here). Once per bwrap and interpreter in a process."""
         key = (self._bwrap, self.python)
         if key not in _PROBED:
             _PROBED[key] = self._probe_now()
         return _PROBED[key]
 
-    def _probe_now(self) -> bool:
+    def _probe_now(self) -> str:
         try:
             with self.launch({"probe.py": "print('ok')"}, ["probe.py"],
                              limits=dataclasses.replace(self.limits, wall_seconds=30)) as job:
                 out = job.stdout.read() if job.stdout else b""  # type: ignore[union-attr]
-                return job.wait() == 0 and out.strip() == b"ok"
-        except (OSError, _contain.ContainError):
-            return False
+                err = job.stderr.read() if job.stderr else b""  # type: ignore[union-attr]
+                if job.wait() == 0 and out.strip() == b"ok":
+                    return ""
+                lines = err.decode(errors="replace").strip().splitlines()
+                return lines[-1] if lines else f"exit code {job.returncode}"
+        except (OSError, _contain.ContainError) as error:
+            return str(error)
 
     async def run(self, program: str, tests: list[str] | tuple[str, ...], *,
                   setup: str = "", entry_point: str | None = None, count: str = "tests",
@@ -502,7 +509,7 @@ class Sandbox:
             self._free.notify()
 
 
-_PROBED: dict[tuple[str | None, str], bool] = {}
+_PROBED: dict[tuple[str | None, str], str] = {}
 
 
 @functools.cache
