@@ -8,9 +8,9 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup browser quickstart agents env-training test test-fast lint lab bench gpu-check clean
+.PHONY: setup bubblewrap browser quickstart agents env-training test test-fast lint lab bench gpu-check clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed bubblewrap
 
 $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		environments/actor_verifier/pyproject.toml environments/math/pyproject.toml \
@@ -47,6 +47,17 @@ agents: setup
 # 10 minutes on 2 cores. Results and curves land in results/env_training_*.{json,png}.
 env-training: setup
 	$(BIN)/python bench/env_training.py --env agentbench --env code
+
+# Debian's bubblewrap, the code sandbox's outer layer (astranb_code.sandbox). Without apt as root
+# (or passwordless sudo) it only says so, and the sandbox warns that it runs without it.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else echo "note: bubblewrap is not installed and apt needs root; the code sandbox runs" \
+	    "without it (weaker: see README)"; fi; }
 
 # Debian's chromium for the real-browser test (never a downloaded browser build). Without apt
 # as root (or passwordless sudo) it only says so, and that test skips.

@@ -4,6 +4,7 @@ environments played through the real EpisodeContext with scripted engines."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -70,8 +71,11 @@ def test_setup_runs_before_the_program_and_output_is_kept_bounded(sandbox):
 
 # -- containment ----------------------------------------------------------------------------------
 
-def _processes_of_this_test():
-    return {p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).count("_runner.py")}
+def _processes_of(limits):
+    """Processes whose command line carries `limits` (the jail's config does): this test's own
+    jobs, not those of a test run beside it."""
+    marker = f'"file_bytes": {limits.file_bytes}'
+    return {p for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(p)}
 
 
 def _cmdline(pid):
@@ -92,12 +96,14 @@ def test_an_infinite_loop_is_killed(sandbox):
 
 
 def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandbox):
-    before = _processes_of_this_test()
+    marked = dataclasses.replace(FAST, file_bytes=(1 << 20) + os.getpid() % 100_000)
     result = run(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n"
-                          "    except OSError:\n        pass")
+                          "    except OSError:\n        pass", limits=marked)
     assert result.passed == 0 and result.error
-    time.sleep(0.5)
-    assert _processes_of_this_test() - before == set()
+    deadline = time.monotonic() + 10
+    while _processes_of(marked) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_of(marked) == set()
     assert run(sandbox, ADD).passed == 4
 
 
@@ -204,20 +210,26 @@ def test_limits_and_arguments_are_checked():
 # -- tasks ----------------------------------------------------------------------------------------
 
 def test_mbpp_and_humaneval_rows_become_tasks():
-    mbpp = normalize({"text": "Write a function to add two numbers.", "test_list": TESTS[:2],
+    mbpp = normalize({"text": "Write a function to add two numbers.",
+                      "test_list": [*TESTS[:2], "assert True"],
                       "test_setup_code": "import math", "test_imports": ["import re"]})
-    assert mbpp["tests"] == TESTS[:2] and mbpp["entry_point"] == "add"
-    assert mbpp["setup"] == "import re\nimport math"
+    assert mbpp["tests"] == TESTS[:2] and mbpp["entry_point"] == "add"  # `assert True` dropped
+    assert mbpp["setup"] == "import re\nimport math" and mbpp["count"] == "tests"
     assert "called add" in mbpp["prompt"] and TESTS[0] in mbpp["prompt"]
-    humaneval = normalize({
-        "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
-        "test": "METADATA = {}\n\ndef check(candidate):\n    x = 2\n"
-                "    assert candidate(1, 2) == 3\n    assert candidate(x, x) == 4\n"})
-    assert len(humaneval["tests"]) == 2
-    assert humaneval["tests"][1].splitlines() == [
-        "candidate = add", "METADATA = {}", "x = 2", "assert candidate(x, x) == 4"]
+    row = {"prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
+           "test": "METADATA = {}\n\ndef check(candidate):\n    x = 2\n"
+                   "    assert candidate(1, 2) == 3\n    assert True\n"
+                   "    for y in range(3):\n        assert candidate(x, y) == x + y\n"}
+    humaneval = normalize(row)
+    assert humaneval["tests"] == [row["test"] + "\n\ncheck(add)\n"]  # check, whole
+    assert humaneval["setup"] == row["prompt"] and humaneval["count"] == "tests"
+    assert normalize(row, partial_credit=True)["count"] == "asserts"
     sandbox = Sandbox(FAST, concurrency=1)
-    assert run(sandbox, ADD, humaneval["tests"]).passed == 2
+    assert run(sandbox, ADD, humaneval["tests"], entry_point="add").fraction == 1.0
+    nearly = "def add(a, b):\n    return a + b if a != 2 or b < 2 else 0"
+    assert run(sandbox, nearly, humaneval["tests"], entry_point="add").fraction == 0.0
+    partial = run(sandbox, nearly, humaneval["tests"], entry_point="add", count="asserts")
+    assert (partial.passed, partial.total) == (1, 2)  # the loop's assert failed once: it fails
     with pytest.raises(TaskError, match="needs 'tests'.*HumanEval.*MBPP"):
         normalize({"question": "?"})
     with pytest.raises(TaskError, match="check"):

@@ -1,5 +1,5 @@
-"""`Code` (a coder writes a program, its tests run in the sandbox) and `CodeVerifier` (a second
-policy predicts whether the program passes)."""
+"""`Code` (a coder writes a program, it runs in the sandbox while a judge runs its tests) and
+`CodeVerifier` (a second policy predicts whether the program passes)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ class _CodeBase(Environment):
                  test_size: float | int | None = None, sandbox: Sandbox | None = None,
                  limits: Limits | None = None, system_prompt: str | None = None,
                  sampling: SamplingParams | Mapping[str, Any] | None = None,
-                 max_episode_tokens: int | None = None):
+                 max_episode_tokens: int | None = None, partial_credit: bool = False):
         self.data = data if isinstance(data, DataSource) else DataSource(
             data, columns=columns, test_size=test_size)
         self.splits = self.data.splits
+        self.partial_credit = partial_credit
         for split in self.splits:  # a clear error now, not in the first episode
             normalize(self.data.rows(split, n=1)[0])
         self.sandbox = sandbox or Sandbox(limits)
@@ -76,15 +77,28 @@ class _CodeBase(Environment):
         if program is None:
             ctx.count("no_code")
             return reply, None, 0.0
-        outcome = await ctx.tool("run_tests", self._run_tests, program, task)
+        outcome = await ctx.tool("run_tests", self._report, program, task)
         if outcome["timed_out"]:
             ctx.count("sandbox_timeout")
         elif outcome["error"] and outcome["passed"] == 0:
             ctx.count("sandbox_error")
         return reply, program, float(outcome["fraction"])
 
-    async def _run_tests(self, program: str, task: Mapping[str, Any]) -> dict[str, Any]:
-        result: Result = await self.sandbox.run(program, task["tests"], setup=task["setup"])
+    def task(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """The sample as a task, as this environment scores it (see astranb_code.tasks)."""
+        return normalize(sample, self.partial_credit)
+
+    async def run_tests(self, program: str, sample: Mapping[str, Any]) -> Result:
+        """Score `program` on `sample` as an episode would (the sandbox, the judge, the task's
+        tests): for evaluating given programs, e.g. reference solutions."""
+        return await self._score(program, self.task(sample))
+
+    async def _score(self, program: str, task: Mapping[str, Any]) -> Result:
+        return await self.sandbox.run(program, task["tests"], setup=task["setup"],
+                                      entry_point=task["entry_point"], count=task["count"])
+
+    async def _report(self, program: str, task: Mapping[str, Any]) -> dict[str, Any]:
+        result = await self._score(program, task)
         report = dataclasses.asdict(result)
         report["fraction"] = result.fraction
         return report
@@ -93,10 +107,12 @@ class _CodeBase(Environment):
 class Code(_CodeBase):
     """Programming tasks (MBPP, HumanEval, your own) scored in a sandbox.
 
-    The coder gets the task and answers with a program in a ```python block; the program and
-    the task's tests run in a `Sandbox` (a subprocess with resource limits, its own process
-    group, no network, a wall-clock kill: see astranb_code.sandbox). Reward: the fraction of
-    tests passed. Counted on the episode: `no_code` (no program in the reply),
+    The coder gets the task and answers with a program in a ```python block; the program runs
+    in a `Sandbox` (see astranb_code.sandbox) as a server of its functions, and a judge outside
+    it runs the task's tests, calling them with plain data (see astranb_code.harness): the
+    program cannot reach the tests nor forge their verdicts. Reward: the fraction of tests
+    passed (a HumanEval problem is one test, its whole `check`, unless `partial_credit`).
+    Counted on the episode: `no_code` (no program in the reply),
     `sandbox_timeout`, `sandbox_error` (the program failed before passing any test). A hostile
     program ends only its episode: it scores what it passed, with the reason recorded on the
     "run_tests" tool call.
@@ -110,6 +126,8 @@ class Code(_CodeBase):
         limits: what each program may use (default Limits()).
         system_prompt: the coder's system message.
         sampling: SamplingParams or a dict of its fields (default max_new_tokens=512).
+        partial_credit: HumanEval rows score the share of their check's asserts that held
+            (asserts that cannot fail left out) instead of 1 or 0 for the whole check.
 
     Example:
         env = Code(load_dataset("google-research-datasets/mbpp", "sanitized"))
@@ -119,7 +137,7 @@ class Code(_CodeBase):
     roles = ("coder",)
 
     async def episode(self, ctx: Any, sample: Mapping[str, Any]) -> float:
-        _, _, fraction = await self.write_and_test(ctx, "coder", normalize(sample))
+        _, _, fraction = await self.write_and_test(ctx, "coder", self.task(sample))
         return fraction
 
 
@@ -143,7 +161,7 @@ class CodeVerifier(_CodeBase):
         self.verifier_prompt = verifier_prompt or VERIFIER_PROMPT
 
     async def episode(self, ctx: Any, sample: Mapping[str, Any]) -> dict[str, float]:
-        task = normalize(sample)
+        task = self.task(sample)
         reply, program, fraction = await self.write_and_test(ctx, "coder", task)
         review = (f"Task:\n{task['prompt']}\n\nProgram:\n```python\n{program or reply}\n```\n\n"
                   "Does the program solve the task? Answer \\boxed{pass} or \\boxed{fail}.")
