@@ -269,12 +269,13 @@ wrapped = subprocess.Popen([sys.executable, lifeline.__file__, "sleep", "600"],
                            **lifeline.shielded())
 verifier = AnswerVerifier(timeout=600)  # a check stuck in math-verify, as on a hostile answer
 threading.Thread(target=anyio.run, args=(verifier.check, "\\\\hang", "2"), daemon=True).start()
+import psutil
+while not ("sleep" in {p.name() for p in psutil.Process().children(recursive=True)}
+           and any("_verify_worker.py" in " ".join(p.cmdline())
+                   for p in psutil.Process().children())):
+    time.sleep(0.02)  # every child has started
 # a process forked from this one (a DataLoader worker, a multiprocessing pool) holds the
 # trainer's pipes open, so the trainer never sees its input end
-import psutil
-while not any("_verify_worker.py" in " ".join(p.cmdline())
-              for p in psutil.Process().children()):
-    time.sleep(0.02)
 if os.fork() == 0:
     time.sleep(600)
     os._exit(0)
@@ -293,15 +294,16 @@ def test_what_astranb_starts_ends_when_its_parent_is_killed(tmp_path):
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == "READY"
         tree = psutil.Process(parent.pid).children(recursive=True)
-        names = {" ".join(p.cmdline()): p for p in tree}
+        lines = {p: " ".join(p.cmdline()) for p in tree}
 
         def started(part: str) -> psutil.Process:
-            found = [p for line, p in names.items() if part in line]
-            assert found, f"no child running {part!r} among {list(names)}"
+            found = [p for p, line in lines.items() if part in line]
+            assert found, f"no child running {part!r} among {list(lines.values())}"
             return found[0]
 
         children = [started("astranb.remote._trainer_child"), started("_verify_worker.py"),
-                    started("lifeline.py"), started("sleep 600")]
+                    started("lifeline.py"), *[p for p in tree if p.name() == "sleep"]]
+        assert len(children) == 4, lines
         parent.kill()
         parent.wait()
         _wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
