@@ -26,7 +26,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from astranb import _kernel, lifeline
 
 HANG = 150  # a hang fails the test after this long instead of hanging the suite
-GONE_WITHIN = 20.0  # seconds a child may take to end once its parent is gone
+GONE_WITHIN = 30.0  # seconds a child may take to end once its parent is gone
 
 SESSION = """\
 import astranb as ab
@@ -53,11 +53,12 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait_until(condition, timeout: float, what: str) -> None:
+def _wait_until(condition, timeout: float, what) -> None:
+    """Wait for `condition()`; fail with `what` (a text, or a callable giving it) past timeout."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout:g} s")
+            pytest.fail(f"{what() if callable(what) else what} within {timeout:g} s")
         time.sleep(0.05)
 
 
@@ -260,6 +261,7 @@ import anyio
 import astranb as ab
 from astranb import _kernel, lifeline
 from astranb.remote.process import ProcessTrainer
+from astranb.services.local import LocalService
 from astranb_math.verify import AnswerVerifier
 
 trainer = ProcessTrainer("p", ab.models.tiny(hidden_size=32, num_heads=2), ab.GRPO(),
@@ -267,6 +269,7 @@ trainer = ProcessTrainer("p", ab.models.tiny(hidden_size=32, num_heads=2), ab.GR
 # a program astranb cannot change (the SGLang server), started through astranb.lifeline
 wrapped = subprocess.Popen([sys.executable, lifeline.__file__, "sleep", "600"],
                            **lifeline.shielded())
+service = LocalService("rollout", ["--engine", "instant"], "service.log").start()
 verifier = AnswerVerifier(timeout=600)  # a check stuck in math-verify, as on a hostile answer
 threading.Thread(target=anyio.run, args=(verifier.check, "\\\\hang", "2"), daemon=True).start()
 import psutil
@@ -302,13 +305,14 @@ def test_what_astranb_starts_ends_when_its_parent_is_killed(tmp_path):
             return found[0]
 
         children = [started("astranb.remote._trainer_child"), started("_verify_worker.py"),
-                    started("lifeline.py"), *[p for p in tree if p.name() == "sleep"]]
-        assert len(children) == 4, lines
+                    started("astranb.cli serve rollout"), started("lifeline.py"),
+                    *[p for p in tree if p.name() == "sleep"]]
+        assert len(children) == 5, lines
         parent.kill()
         parent.wait()
         _wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
-                    "a child outlived its parent: " + ", ".join(
-                        " ".join(c.cmdline()) for c in children if not _gone(c.pid)))
+                    lambda: "a child outlived its parent: " + ", ".join(
+                        lines[c] for c in children if not _gone(c.pid)))
     finally:  # the forked process still holds the parent's output: no communicate()
         parent.kill()
         parent.wait()
