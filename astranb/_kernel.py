@@ -55,6 +55,8 @@ class KernelWatch:
     managers: list[Any] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     pressed: int = 0
+    last_cell: Any = None
+    """The last cell started (a notebook cell node), None before the first."""
 
     def signal_kernels(self, sig: int) -> None:
         """Send `sig` to each kernel's process group (what the stop button does for SIGINT)."""
@@ -65,9 +67,11 @@ class KernelWatch:
                     os.killpg(group, sig)
 
     def before_cell(self, cell: Any = None, cell_index: int | None = None, **_: Any) -> None:
-        """nbclient's on_cell_start hook: after a Ctrl-C no further cell starts."""
+        """nbclient's on_cell_start hook: after a Ctrl-C no further cell starts; else notes
+        the cell (`last_cell`)."""
         if self.pressed:
             raise Interrupted("Ctrl-C")
+        self.last_cell = cell
 
     def remove_folders(self) -> None:
         for folder in self.folders:

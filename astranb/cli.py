@@ -293,7 +293,10 @@ def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: P
             return f"{INTERRUPTED} in cell {cell}"
         return f"cell {cell} raised {error.ename}: {error.evalue}"
     except Interrupted:
-        return f"{INTERRUPTED} after cell {_last_started(executed)}"
+        last = watch.last_cell
+        if last is None:
+            return f"{INTERRUPTED} before the first cell"
+        return f"{INTERRUPTED} after cell {_cell_label(last.get('execution_count'), last.source)}"
     except KeyboardInterrupt:  # the second Ctrl-C: papermill was stopped wherever it was
         watch.signal_kernels(signal.SIGKILL)
         return (f"{INTERRUPTED} twice, in cell {_last_started(executed)}: the kernel was "

@@ -228,6 +228,31 @@ def test_ctrl_c_stops_astranb_run_cleanly_and_leaves_no_process(tmp_path):
         _kill_all(p.pid for p in started)
 
 
+@pytest.mark.slow  # a real kernel
+def test_after_ctrl_c_no_further_cell_runs_even_when_the_cell_catches_it(tmp_path):
+    cells = [new_code_cell("import pathlib, time\npathlib.Path('started').touch()\ntry:\n"
+                           "    time.sleep(120)\nexcept KeyboardInterrupt:\n    print('caught')"),
+             new_code_cell("print('NEVER REACHED')")]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    nbformat.write(notebook, tmp_path / "catch.ipynb")
+    proc = _astranb_run("catch.ipynb", "-o", "out", cwd=tmp_path)
+    try:
+        _wait_until(lambda: (tmp_path / "started").exists(), HANG, "the cell did not start")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped by Ctrl-C after cell In [1]" in err, err
+    code = [cell for cell in nbformat.read(tmp_path / "out" / "catch.ipynb", as_version=4).cells
+            if cell.cell_type == "code"]
+    assert "caught" in code[0].outputs[0]["text"]
+    assert not code[1].outputs
+
+
 def test_astranb_run_starts_a_quiet_kernel_on_sockets_of_its_own(tmp_path):
     cell = new_code_cell("import os\nprint(6 * 7, os.environ['TMPDIR'])")
     notebook = new_notebook(cells=[cell])
