@@ -107,12 +107,7 @@ def _run(command: list[str]) -> int:
     follow_parent()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
-    child = subprocess.Popen(command)
-    while True:
-        try:
-            return _exit_status(child.wait())
-        except InterruptedError:  # pragma: no cover - wait retries on EINTR itself
-            continue
+    return _exit_status(subprocess.Popen(command).wait())  # wait() retries after a handler
 
 
 def _exit_status(code: int) -> int:
