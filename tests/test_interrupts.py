@@ -8,6 +8,7 @@ with SIGKILL. Each script runs in a session of its own, so no signal reaches pyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -354,3 +355,19 @@ def test_shielded_children_have_a_session_of_their_own_and_know_their_parent():
         capture_output=True, text=True, check=True, **lifeline.shielded())
     session, group, pid = map(int, child.stdout.split())
     assert session == group == pid != os.getpgrp()
+
+
+def test_the_lifeline_runner_ends_with_its_command_when_the_group_is_stopped():
+    # how the SGLang server is stopped: SIGTERM to its group, then the runner reports its status
+    runner = subprocess.Popen([sys.executable, lifeline.__file__, "sleep", "60"],
+                              **lifeline.shielded())
+    try:
+        _wait_until(lambda: any(p.name() == "sleep"
+                                for p in psutil.Process(runner.pid).children()),
+                    30, "the command did not start")
+        os.killpg(runner.pid, signal.SIGTERM)
+        assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
