@@ -26,11 +26,11 @@ $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		-e environments/search -e environments/agentbench -e environments/textcraft
 	touch $@
 
-# Runs the quickstart notebook headless; the executed notebook and its figure land in results/.
+# Runs the quickstart notebook headless (`astranb run`: its kernel on IPC, Ctrl-C stops it
+# cleanly); the executed notebook, its HTML export and its figure land in results/.
 quickstart: setup
-	mkdir -p results
-	$(BIN)/papermill notebooks/01_quickstart.ipynb results/01_quickstart.ipynb \
-		-p results_dir ../results -p run_dir ../runs/quickstart --cwd notebooks
+	$(BIN)/astranb run notebooks/01_quickstart.ipynb -p results_dir ../results \
+		-p run_dir ../runs/quickstart -o results
 	@$(BIN)/python -c "import json; print(json.load(open('results/quickstart.json')))"
 
 # The tool-using math agent on CPU (notebooks/06_agents.ipynb, recipe "cpu"): warm start, RL,

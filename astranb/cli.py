@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from .lifeline import follow_parent
+
 __all__ = ["main", "parse_value"]
+
+INTERRUPTED = "stopped by Ctrl-C"
+EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: arguments without the program name (default: sys.argv[1:]).
 
     Returns:
-        The exit status: 0 on success, 1 when a notebook cell failed, 2 for bad arguments.
+        The exit status: 0 on success, 1 when a notebook cell failed, 2 for bad arguments,
+        130 when Ctrl-C stopped the notebook.
     """
     parser = argparse.ArgumentParser(prog="astranb", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.add_argument("--checkpoint-every", type=int, default=1,
                          help="steps between checkpoints")
     args = parser.parse_args(argv)
+    follow_parent()  # a service launched by a notebook ends with it (astranb/lifeline.py)
     try:
         if args.command == "run":
             return _run_notebook(args)
@@ -219,6 +227,10 @@ def _run_notebook(args) -> int:
     if executed.is_file():
         _export_html(executed, exported)
         print(f"executed notebook: {executed}\nHTML export:       {exported}")
+    if failure and failure.startswith(INTERRUPTED):
+        print(f"astranb: {notebook} {failure}; the executed notebook holds the cells that ran",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     if failure:
         print(f"astranb: {notebook} failed: {failure}", file=sys.stderr)
         return 1
@@ -255,25 +267,46 @@ def _check_parameters(papermill, notebook: Path, parameters: dict) -> None:
 
 def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: Path,
              timeout: float | None) -> str | None:
-    """Run the notebook into `executed`; None on success, else what failed (the cell, the error)."""
+    """Run the notebook into `executed`; None on success, else what failed (the cell, the error).
+
+    The kernel runs on IPC transport where it can (no warning about unencrypted TCP), and Ctrl-C
+    interrupts the running cell and stops the notebook there (see astranb/_kernel.py)."""
     from jupyter_client.kernelspec import NoSuchKernel
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+    from ._kernel import Interrupted, KernelWatch, interrupt_on_ctrl_c, kernel_manager_class
+
+    watch = KernelWatch()
     try:  # absolute paths: papermill saves the output while the kernel's cwd is in effect
-        papermill.execute_notebook(str(notebook.resolve()), str(executed.resolve()),
-                                   parameters=parameters, cwd=str(cwd.resolve()),
-                                   progress_bar=True, execution_timeout=timeout)
+        with interrupt_on_ctrl_c(watch):
+            papermill.execute_notebook(
+                str(notebook.resolve()), str(executed.resolve()), parameters=parameters,
+                cwd=str(cwd.resolve()), progress_bar=True, execution_timeout=timeout,
+                kernel_manager_class=kernel_manager_class(watch), on_cell_start=watch.before_cell)
     except NoSuchKernel as error:
         raise ValueError(f"{notebook} asks for the Jupyter kernel {error.name!r}, which is not "
                          "installed; install ipykernel in this environment or change the "
                          "notebook's kernel") from None
     except papermill.PapermillExecutionError as error:
         cell = _cell_label(error.exec_count, error.source)
+        if watch.pressed:
+            return f"{INTERRUPTED} in cell {cell}"
         return f"cell {cell} raised {error.ename}: {error.evalue}"
+    except Interrupted:
+        last = watch.last_cell
+        if last is None:
+            return f"{INTERRUPTED} before the first cell"
+        return f"{INTERRUPTED} after cell {_cell_label(last.get('execution_count'), last.source)}"
+    except KeyboardInterrupt:  # the second Ctrl-C: papermill was stopped wherever it was
+        watch.signal_kernels(signal.SIGKILL)
+        return (f"{INTERRUPTED} twice, in cell {_last_started(executed)}: the kernel was "
+                "killed (and what it started with it)")
     except CellTimeoutError:
         return f"cell {_last_started(executed)} ran longer than --timeout {timeout:g} s"
     except DeadKernelError as error:
         return f"the kernel died in cell {_last_started(executed)} ({error}); out of memory?"
+    if watch.pressed:  # pressed during the last cell, which ended without an error
+        return f"{INTERRUPTED} in the last cell"
     return None
 
 

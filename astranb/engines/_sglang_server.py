@@ -2,8 +2,10 @@
 /health, read the end of its log, and stop it with its child processes; and the directories an
 SGLang server loads (the model's, and the copy whose weights file each update rewrites).
 
-The server runs in its own process group (SGLang runs its scheduler and detokenizer as child
-processes), so stopping it ends the whole group. Its output goes to a log file whose last lines
+The server runs in a session and process group of its own (SGLang runs its scheduler and
+detokenizer as child processes), so stopping it ends the whole group and Ctrl-C or the kernel's
+stop button does not reach it; it is started through astranb/lifeline.py, which ends the group when
+the process that launched it is gone. Its output goes to a log file whose last lines
 are quoted when it fails to come up.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from .. import weights
+from .. import lifeline, weights
 from ..models import ModelSpec
 from ._sglang_wire import SGLangError
 
@@ -45,15 +47,17 @@ def _launch(model_dir: Path, port: int, server_args: Sequence[str], token: str |
     Metrics are on (they drive availability), the weight version is `version` unless
     `server_args` sets one, and a token becomes --api-key.
     """
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+    # through astranb/lifeline.py: the server ends when this process does, however that ends
+    command = [sys.executable, lifeline.__file__,
+               sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
                "--host", "127.0.0.1", "--port", str(port), "--enable-metrics", *server_args]
     if "--weight-version" not in server_args:
         command += ["--weight-version", str(version)]
     if token:
         command += ["--api-key", token]
-    with open(log_path, "wb") as log:  # own process group: ended as a whole
+    with open(log_path, "wb") as log:  # own session: no Ctrl-C; ended as a whole
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                **lifeline.shielded())
 
 
 async def _wait_healthy(client: httpx.AsyncClient, process: subprocess.Popen, timeout: float,

@@ -46,6 +46,7 @@ from safetensors.torch import save as st_save
 
 from ..algorithms.config import Algorithm, algorithm_from_dict, algorithm_to_dict
 from ..errors import AstranbError
+from ..lifeline import follow_parent, shielded
 from ..models import ModelSpec
 from ..types import Batch, WeightUpdate
 from ..weights.publish import apply_to_engine, deliver, transfer_metrics
@@ -131,10 +132,12 @@ class ProcessTrainer:
         self._closed = False
         self._prepared: tuple[Batch, bytes] | None = None  # (batch, its encoding): `prepare`
         out: Any = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        # a session of its own: the kernel's stop button and Ctrl-C do not reach it; it ends
+        # when this process does (astranb/lifeline.py)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "astranb.remote._trainer_child"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=out, env=env, bufsize=0)
+            stdout=subprocess.PIPE, stderr=out, bufsize=0,
+            **shielded({**os.environ, "OMP_NUM_THREADS": str(threads)}))
         if out is not subprocess.DEVNULL:
             out.close()
         header = {"op": "create", "name": name, "spec": spec_to_wire(spec),
@@ -390,7 +393,9 @@ class _Child:
 
 
 def main() -> int:
-    """Serve one ProcessTrainer over stdin/stdout until "close" or end of input."""
+    """Serve one ProcessTrainer over stdin/stdout until "close" or end of input (or until the
+    process that started it is gone, even mid-step)."""
+    follow_parent()
     # the frames own stdout: anything a library prints goes to stderr (the log) instead
     wire_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)

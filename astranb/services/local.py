@@ -10,9 +10,11 @@ notebooks/04_services.ipynb and handy for trying a deployment before renting mac
         session = ab.Session("runs/x", rollout=services.rollout_urls, trainer=services.trainer_url)
         ...
 
-The processes stop when the `with` block ends, on `close()`, and, as a last resort, when the
-Python process that launched them exits normally (an `atexit` hook), so a notebook whose cell
-failed under papermill does not leave them behind.
+The processes stop when the `with` block ends, on `close()`, when the Python process that
+launched them exits normally (an `atexit` hook), so a notebook whose cell failed under papermill
+does not leave them behind, and, as a last resort, when that process is killed: each service
+watches it (astranb/lifeline.py). Each runs in a session of its own, so Ctrl-C and the kernel's
+stop button do not reach it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
+from ..lifeline import shielded
 from ..remote.scaling import Autoscaler
 from .http import free_port
 
@@ -91,10 +94,12 @@ class LocalService:
         command = [sys.executable, "-m", "astranb.cli", "serve", self.kind, *self._args()]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            # its own process group: kill() then takes torchrun's workers (--nproc > 1) too
+            # its own session and process group: Ctrl-C and the kernel's stop button do not
+            # reach it, kill() takes torchrun's workers (--nproc > 1) too, and it ends when this
+            # process does, however that ends (astranb/lifeline.py)
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env}, start_new_session=True)
+                **shielded({**os.environ, **self.env}))
         _LIVE.add(self)
         return self
 

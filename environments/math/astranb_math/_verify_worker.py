@@ -10,6 +10,11 @@ It runs as a script, not with `-m`, so that it imports neither this package nor 
 their torch): only the standard library and math-verify. Only this module's writes reach the
 parent: file descriptor 1 is kept for the protocol and the
 process's stdout is pointed at stderr, so a library that prints cannot corrupt the stream.
+
+The parent starts it in a session of its own (out of reach of Ctrl-C and the kernel's stop
+button) and names itself in ASTRANB_PARENT_PID; once that process is no longer this one's parent,
+the worker ends, also in the middle of a check (its stdin closing is only seen between checks).
+astranb.lifeline does the same for astranb's own children; this script cannot import it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import IO, Any
 
@@ -26,7 +32,12 @@ HANG_FOR_TESTS = "ASTRANB_MATH_VERIFY_HANG_ON"
 math-verify stuck on an adversarial string)."""
 
 
+PARENT_ENV = "ASTRANB_PARENT_PID"
+POLL = 0.2  # seconds between looks at the parent
+
+
 def main() -> None:
+    _follow_parent()
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         sys.path.pop(0)  # the package's modules (verify, answers, ...) must not shadow others
@@ -47,6 +58,18 @@ def main() -> None:
             while True:
                 time.sleep(3600)
         _send(protocol, _check(parse, verify, request))
+
+
+def _follow_parent() -> None:
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent.isdigit():
+        threading.Thread(target=_watch, args=(int(parent),), daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL)
+    os._exit(1)
 
 
 def _check(parse: Any, verify: Any, request: dict[str, Any]) -> dict[str, Any]:

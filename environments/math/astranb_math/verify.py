@@ -8,7 +8,7 @@ call that takes longer than `timeout` kills its worker's process group, scores t
 says so (`Verdict.timed_out`); the next call starts a fresh worker. The blocking pipe reads run in
 a thread, so concurrent episodes keep generating while one waits, and one verifier can be shared
 by episodes on any event loop. Workers stop at `close()`, when the verifier is garbage collected,
-or at interpreter exit; a worker whose parent dies sees its stdin close and exits.
+or at interpreter exit; a worker whose parent dies exits, even in the middle of a check.
 
     verifier = AnswerVerifier(timeout=5.0)
     verdict = await verifier.check("0.5", "\\\\frac{1}{2}")   # Verdict(correct=True, ...)
@@ -33,6 +33,7 @@ import anyio
 
 __all__ = ["AnswerVerifier", "Verdict", "VerifierUnavailable"]
 
+PARENT_ENV = "ASTRANB_PARENT_PID"  # _verify_worker.PARENT_ENV (this module imports no package)
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
 
 
@@ -84,7 +85,10 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, WORKER],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: a kill takes anything it spawned
+            # a session of its own: Ctrl-C and the kernel's stop button do not reach it, and a
+            # kill takes anything it spawned; it ends when this process does (the worker
+            # watches the pid it is given, as astranb.lifeline.shielded children do)
+            start_new_session=True, env={**os.environ, PARENT_ENV: str(os.getpid())},
         )
         try:
             hello = self.read(self.proc, startup_timeout)
