@@ -14,6 +14,7 @@ def test_exported_names():
         "GRPO", "M2PO", "Algorithm", "AdamWConfig", "AdamW", "SamplingParams",
         "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory", "WeightUpdate",
         "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "ReplayError", "ServiceError",
+        "NoTrainableTokens", "SamplesRanOut",
         "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "models",
         "environments", "weights", "__version__", "ChatMessage", "ToolOutcome", "DataSource",
         "RoleEvaluation", "chat", "data", "RunRecord", "open_run", "runs", "compare", "trackers",
@@ -83,7 +84,8 @@ def test_errors_share_one_base_and_keep_their_builtin_bases():
     assert issubclass(ab.WeightTransferError, ab.AstranbError)
     assert issubclass(ab.WeightTransferError, ValueError)
     assert issubclass(ab.ServiceUnavailable, ConnectionError)
-    for error in (ab.EpisodesKeepFailing, ab.ReplayError, ab.ServiceError, ab.TrainerRolledBack):
+    for error in (ab.EpisodesKeepFailing, ab.ReplayError, ab.ServiceError, ab.TrainerRolledBack,
+                  ab.NoTrainableTokens, ab.SamplesRanOut):
         assert issubclass(error, ab.AstranbError) and issubclass(error, RuntimeError), error
 
 

@@ -23,7 +23,6 @@ from astranb.dataflow.stall import (
     filter_streak,
     filtered_message,
 )
-from astranb.errors import NoTrainableTokens, SamplesRanOut
 from astranb.notebook.dashboard import View
 from tests.envs import CountA
 
@@ -161,7 +160,7 @@ def test_a_closed_buffer_serves_what_it_holds_then_says_why_no_more_will_come():
         buffer.close("every sample stream has ended")
         assert len(await buffer.pop(1, 0, 1)) == 1
         buffer.put(Group(1, (), 0))
-        with pytest.raises(SamplesRanOut, match="needs 2 groups for a step and 1 are left: "
+        with pytest.raises(ab.SamplesRanOut, match="needs 2 groups for a step and 1 are left: "
                                                 "every sample stream has ended"):
             await buffer.pop(2, 0, 1)
         assert len(buffer) == 1  # the group taken is back
@@ -178,7 +177,7 @@ def test_stall_seconds_must_be_positive():
 def test_an_environment_without_samples_fails_the_run_at_once(tmp_path):
     with make_session(tmp_path, NoSamples()) as session:
         run = session.train(steps=2, batch_size=4, group_size=2)
-        with pytest.raises(SamplesRanOut, match=r"NoSamples.samples\(seed\) yielded no sample"):
+        with pytest.raises(ab.SamplesRanOut, match=r"NoSamples.samples\(seed\) yielded no sample"):
             run.wait(timeout=DEADLINE, progress=False)
         assert run.status == "failed"
 
@@ -186,7 +185,7 @@ def test_an_environment_without_samples_fails_the_run_at_once(tmp_path):
 def test_a_stream_that_ends_before_the_steps_are_taken_fails_the_run(tmp_path):
     with make_session(tmp_path, FewSamples()) as session:
         run = session.train(steps=5, batch_size=4, group_size=2, max_staleness=4)
-        with pytest.raises(SamplesRanOut, match=r"every sample stream has ended \(3 from "
+        with pytest.raises(ab.SamplesRanOut, match=r"every sample stream has ended \(3 from "
                                                 r"FewSamples\).*make samples\(\) endless"):
             run.wait(timeout=DEADLINE, progress=False)
         assert len(run.rows) == 1  # the one step its three samples could feed was taken
@@ -195,7 +194,7 @@ def test_a_stream_that_ends_before_the_steps_are_taken_fails_the_run(tmp_path):
 def test_prompts_longer_than_the_context_fail_the_run_instead_of_spinning(tmp_path):
     with make_session(tmp_path, LongPrompt()) as session:
         run = session.train(steps=2, batch_size=4, group_size=2)
-        with pytest.raises(NoTrainableTokens) as caught:
+        with pytest.raises(ab.NoTrainableTokens) as caught:
             run.wait(timeout=DEADLINE, progress=False)
     message = str(caught.value)
     # N = max(64, 2 x batch_size): the run's limit on episodes in a row that train nothing

@@ -196,12 +196,13 @@ class Orchestrator:
 
     def _ran_out(self) -> str:
         """Why no more groups will come (every sample stream has ended), with the fix."""
-        drawn = {src.env.name: src.drawn - src.skipped for src in self.sources}
-        if not any(drawn.values()):
-            names = " and ".join(f"{name}.samples(seed)" for name in drawn)
+        if not any(src.drawn for src in self.sources):
+            names = " and ".join(f"{src.env.name}.samples(seed)" for src in self.sources)
             return (f"{names} yielded no sample, so no episode can be played; give the "
                     "environment samples (check its dataset, split and filters)")
-        counts = ", ".join(f"{n} from {name}" for name, n in drawn.items())
+        counts = ", ".join(f"{src.drawn} from {src.env.name}"
+                           + (f", {src.skipped} of them before the resume" if src.skipped else "")
+                           for src in self.sources)
         return (f"every sample stream has ended ({counts}) before the run's steps were taken; "
                 "train fewer steps, or make samples() endless (e.g. loop over the data in "
                 "epochs)")
