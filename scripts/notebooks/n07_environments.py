@@ -23,7 +23,7 @@ A tour of the four environment packages under `environments/`. Each one is shown
 grades (hand-made answers, a scripted player), then wired to a policy and trained for a few
 steps with held-out evaluation before and after. The recipe follows the machine: where CUDA is
 available the "gpu" recipe (a Qwen3-class chat model, longer runs), elsewhere the "cpu" recipe,
-which Run All finishes in about CPU_MINUTES minutes on 2 cores. The "cpu" recipe uses the tiny
+which Run All finishes within 10 minutes on 2 CPU cores. The "cpu" recipe uses the tiny
 chat model, whose numbers show the plumbing, not learning: untrained, it scores 0 on nearly
 every task, so every group of episodes ties, and with `filter_groups=True` (the GPU recipe's
 setting) every group would be dropped and no step taken (the run says so: `run.status` becomes
@@ -55,7 +55,7 @@ RECIPES = {
     "gpu": dict(model="Qwen/Qwen3-0.6B", device="cuda", steps=100, batch_size=64,
                 max_new_tokens=512, eval_n=200, filter_groups=True),
     # the untrained tiny model ties on every group: train on them anyway (see above)
-    "cpu": dict(model="tiny-chat", device="cpu", steps=10, batch_size=16, max_new_tokens=48,
+    "cpu": dict(model="tiny-chat", device="cpu", steps=4, batch_size=16, max_new_tokens=48,
                 eval_n=32, filter_groups=False),
 }
 if recipe is None:  # follow the machine
