@@ -119,6 +119,10 @@ def test_the_watch_says_stalled_once_per_stall_and_again_after_the_run_moved():
     assert not watch.look(51.0, (1, 0))  # a step: the run moved
     assert not watch.look(60.0, (1, 0))
     assert watch.look(61.0, (1, 0))  # stalled again, said again
+    # an evaluation window, a checkpoint, weights on their way: the run counts as moving
+    assert not watch.look(100.0, (1, 0), busy=True)
+    assert not watch.look(109.0, (1, 0))
+    assert watch.look(110.0, (1, 0))
     with pytest.raises(ValueError, match="stall_seconds must be > 0"):
         StallWatch(0, now=0.0)
 

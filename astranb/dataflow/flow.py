@@ -115,6 +115,7 @@ class Dataflow:
                                  "to a trained environment or evaluate another environment")
         self.windows = 0
         """Evaluation windows recorded so far."""
+        self._evaluating = False
         if remote is not None:
             remote.start_run(sources)
 
@@ -170,7 +171,9 @@ class Dataflow:
                                   filtered_message(name, groups, sorted(rewards)))
             progress = (tuple(loop.published for loop in self.loops),
                         self.orchestrator.delivered)
-            if watch.look(now, progress):
+            busy = self._evaluating or any(loop.doing in ("publish", "checkpoint")
+                                           for loop in self.loops)
+            if watch.look(now, progress, busy):
                 waiting, message = describe(self.snapshot(now, watch.idle(now)))
                 self._stalled(now - started, "no_progress", sorted(self.policies), waiting,
                               message)
@@ -216,8 +219,12 @@ class Dataflow:
     async def _window(self, heldout: HeldOut, version: int, started: float) -> None:
         t0 = anyio.current_time()
         index, self.windows = self.windows, self.windows + 1
-        plays = await play_heldout(heldout.env, heldout.wiring, heldout.samples, heldout.k,
-                                   remote=self.remote, group=-1 - index, version=version)
+        self._evaluating = True  # the watchdog counts a window as the run moving
+        try:
+            plays = await play_heldout(heldout.env, heldout.wiring, heldout.samples, heldout.k,
+                                       remote=self.remote, group=-1 - index, version=version)
+        finally:
+            self._evaluating = False
         results = evaluate_trajectories(plays, heldout.env.roles, heldout.k, heldout.split,
                                         heldout.env.solved)
         now = anyio.current_time()

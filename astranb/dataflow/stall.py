@@ -7,7 +7,9 @@ The run's watchdog (`Dataflow`'s) looks a few times a second at what the parts e
 records a "stalled" event in two cases:
 
 - *no progress*: no step was published and no group reached a buffer for `stall_seconds`
-  (`session.train(stall_seconds=...)`, `STALL_SECONDS` by default). The event says what each
+  (`session.train(stall_seconds=...)`, `STALL_SECONDS` by default), while no evaluation window,
+  checkpoint or weight transfer was under way (a train step is not such work: one that runs
+  longer than `stall_seconds` is reported, as what the run waits for). The event says what each
   policy waits for: the barrier, its buffer (how many of the groups a batch needs are there),
   the trainer (a step running for how long), the gate (live groups against its capacity), and
   the groups in flight (how many, how long the oldest has played).
@@ -153,9 +155,11 @@ class StallWatch:
         self._seen: object = None
         self._said = False
 
-    def look(self, now: float, progress: object) -> bool:
-        """Whether to say "stalled" now (True at most once until the run moves again)."""
-        if progress != self._seen:
+    def look(self, now: float, progress: object, busy: bool = False) -> bool:
+        """Whether to say "stalled" now (True at most once until the run moves again).
+        `busy`: useful work is under way that moves no counter (an evaluation window, a
+        checkpoint, weights being sent): the run counts as moving."""
+        if busy or progress != self._seen:
             self._seen, self.since, self._said = progress, now, False
             return False
         if self._said or now - self.since < self.seconds:
