@@ -16,7 +16,7 @@ CELLS = [
         "held-out problems running alongside training.\n\n"
         "The recipe follows the machine: where CUDA is available the GPU recipe, Qwen3-0.6B on "
         "GSM8K; elsewhere (a laptop, Binder, CI) the CPU recipe, which Run All finishes "
-        "within 8 minutes on 2 CPU cores: the project's tiny chat model on generated "
+        "within 10 minutes on 2 CPU cores: the project's tiny chat model on generated "
         "additions (`What is 37 + 48?`), too hard to do in its head and easy with the "
         "calculator, warm-started on demonstrations of which only half use the tool. What RL "
         "has to learn is to call it. The recipe cell prints the one it chose; set `recipe` "

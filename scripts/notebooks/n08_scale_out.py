@@ -27,7 +27,7 @@ CELLS = [
         "weights. Both rollout services declare the region `lab`: one of them (the relay) "
         "pulls each version from the trainer, the other pulls it from the relay, so a region "
         "far from the trainer sends each version across its link once. Run All finishes "
-        "within 5 minutes on 2 CPU cores."
+        "within 6 minutes on 2 CPU cores."
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"
