@@ -154,26 +154,30 @@ class Dataflow:
 
     async def _watch(self, started: float) -> None:
         """The watchdog: a "stalled" event when no step is published and no group reaches a
-        buffer for `stall_seconds`, or at once when a policy's last groups were all dropped
-        by filter_groups; each said once per stall."""
+        buffer for `stall_seconds`, or after a quarter of it when a policy's last groups were
+        all dropped by filter_groups; each said once per stall."""
         watch = StallWatch(self.config.stall_seconds, anyio.current_time())
         streak = filter_streak(self.config.groups_per_batch)
         said: set[str] = set()  # policies whose current filter_groups streak was reported
         while True:
             await anyio.sleep(min(_WATCH, self.config.stall_seconds / 4))
             now = anyio.current_time()
-            filtered = self.orchestrator.filtered
-            said &= set(filtered)  # a kept group ends a streak: the next one is said again
-            for name, (groups, rewards) in filtered.items():
-                if groups >= streak and name not in said:
-                    said.add(name)
-                    self._stalled(now - started, "filter_groups", [name], ["buffer"],
-                                  filtered_message(name, groups, sorted(rewards)))
             progress = (tuple(loop.published for loop in self.loops),
                         self.orchestrator.delivered)
             busy = self._evaluating or any(loop.doing in ("publish", "checkpoint")
                                            for loop in self.loops)
-            if watch.look(now, progress, busy):
+            stalled = watch.look(now, progress, busy)
+            filtered = self.orchestrator.filtered
+            said &= set(filtered)  # a kept group ends a streak: the next one is said again
+            # a streak is said once the run has not moved for a quarter of stall_seconds: an
+            # untrained policy's first groups often all score 0 until one gets lucky
+            for name, (groups, rewards) in filtered.items():
+                if (groups >= streak and name not in said
+                        and watch.idle(now) >= self.config.stall_seconds / 4):
+                    said.add(name)
+                    self._stalled(now - started, "filter_groups", [name], ["buffer"],
+                                  filtered_message(name, groups, sorted(rewards)))
+            if stalled:
                 waiting, message = describe(self.snapshot(now, watch.idle(now)))
                 self._stalled(now - started, "no_progress", sorted(self.policies), waiting,
                               message)

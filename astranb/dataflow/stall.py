@@ -14,8 +14,9 @@ records a "stalled" event in two cases:
   the trainer (a step running for how long), the gate (live groups against its capacity), and
   the groups in flight (how many, how long the oldest has played).
 - *nothing to learn from*: the last `filter_streak(groups_per_batch)` groups a policy played
-  were all dropped by `filter_groups` (every episode of each earned the same reward); said at
-  once, not after `stall_seconds`, with what to do about it.
+  were all dropped by `filter_groups` (every episode of each earned the same reward), and the
+  run has not moved for a quarter of `stall_seconds` (30 s by default: an untrained policy's
+  first groups often all score 0 until one gets lucky); said with what to do about it.
 
 One event per stall: the watchdog says it again only after the run moved (a step, or a group
 kept) and stopped again. The parts here are pure (they read plain numbers), so the tests drive
