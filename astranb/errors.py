@@ -16,6 +16,8 @@ from __future__ import annotations
 __all__ = [
     "AstranbError",
     "EpisodesKeepFailing",
+    "NoTrainableTokens",
+    "SamplesRanOut",
     "TrainerRolledBack",
     "ServiceError",
     "ServiceUnavailable",
@@ -34,6 +36,16 @@ class AstranbError(Exception):
 
 class EpisodesKeepFailing(AstranbError, RuntimeError):
     """Every recent episode raised: the environment (or engine) is broken, not unlucky."""
+
+
+class NoTrainableTokens(AstranbError, RuntimeError):
+    """Every recent episode of an environment ended before its policy sampled a token (a prompt
+    longer than the model's context, a token budget of 0): nothing to train on, ever."""
+
+
+class SamplesRanOut(AstranbError, RuntimeError):
+    """Every sample stream of the run has ended (or yielded nothing) and a policy still needs
+    groups for a step."""
 
 
 class TrainerRolledBack(AstranbError, RuntimeError):

@@ -388,7 +388,7 @@ class FolderLock:
         key = str(self.path.resolve())
         earlier = _holders.get(key)
         if earlier is not None and earlier is not owner:
-            if any(run.status == "running" for run in earlier.runs):
+            if any(not run.done for run in earlier.runs):
                 raise FolderLocked(
                     f"another Session of this process trains in {directory} right now; stop "
                     "it first (run.stop(), then session.close()), or use another folder")

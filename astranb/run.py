@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import html
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,12 +66,28 @@ class Run:
     # -- state ---------------------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """"running", "finished", "stopped" or "failed"."""
+        """"running", "stalled" (still running, but not moving: `run.stalled` says why),
+        "finished", "stopped" or "failed"."""
         if not self._future.done():
-            return "running"
+            return "stalled" if self.stalled is not None else "running"
         if self._stopped:
             return "stopped"
         return "failed" if self._future.exception() else "finished"
+
+    @property
+    def stalled(self) -> str | None:
+        """Why the run is not moving, while it is not: the message of its latest "stalled"
+        event (in `run.events`, with what it waits for), until a policy that event names
+        publishes a step. None while the run moves, and once it has ended."""
+        if self._future.done():
+            return None
+        event = next((e for e in reversed(self.events) if e.get("kind") == "stalled"), None)
+        if event is None:
+            return None
+        named = set(event["policies"])
+        if any(r["policy"] in named and r["time"] >= event["time"] for r in self.rows):
+            return None
+        return event["message"]
 
     @property
     def done(self) -> _Flag:
@@ -148,7 +165,10 @@ class Run:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """Things that happened outside the step rhythm (e.g. a trainer rollback)."""
+        """Things that happened outside the step rhythm, each a dict with its "kind": a
+        trainer "rollback", a held-out "evaluation" window, "resumed", "stalled" (the run
+        stopped moving: "reason", "policies", "waiting_for" and a "message" saying what to
+        do; see `run.stalled`)."""
         return self._recorder.events
 
     @property
@@ -455,10 +475,22 @@ def _sigint_at_a_safe_point() -> Iterator[Callable[[], bool]]:
 
 
 class _Progress:
-    """A tqdm bar in the waiting cell (never touched from background threads)."""
+    """A tqdm bar in the waiting cell (never touched from background threads), and the
+    stall notices (`run.stalled`), printed there whether the bar is shown or not."""
 
     def __init__(self, run: Run, enabled: bool):
         self.run, self.enabled, self.bar = run, enabled, None
+        self._said: str | None = None
+
+    def _say_stalled(self) -> None:
+        """Print why the run is stalled, once per stall, in the waiting cell (with or
+        without the bar): a run that makes no progress must say so where one looks."""
+        stalled = self.run.stalled
+        if stalled is not None and stalled != self._said:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"astranb: the run is stalled: {stalled}", file=sys.stderr)
+        self._said = stalled
 
     def __enter__(self) -> _Progress:
         if self.enabled:
@@ -469,6 +501,7 @@ class _Progress:
         return self
 
     def update(self) -> None:
+        self._say_stalled()
         if self.bar is None:
             return
         done, _ = self.run.progress

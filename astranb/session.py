@@ -32,6 +32,7 @@ from .algorithms import GRPO, Algorithm
 from .algorithms.config import algorithm_to_dict
 from .dataflow.config import RunConfig
 from .dataflow.flow import Dataflow
+from .dataflow.stall import STALL_SECONDS
 from .engines import HFEngine
 from .environments.base import Environment
 from .errors import FolderNotWritable, SessionClosed
@@ -329,6 +330,7 @@ class Session:
         record_per_step: int = 8,
         loggers: Sequence[Tracker | str] = (),
         autoscale: Autoscaler | None = None,
+        stall_seconds: float = STALL_SECONDS,
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -376,12 +378,16 @@ class Session:
             autoscale: an `astranb.remote.scaling.Autoscaler` that adds and drains rollout services
                 during the run from the trainers' idle time (`services.autoscaler()` of
                 `launch_ray` / `launch_local`); needs rollout services.
+            stall_seconds: when no step is published and no group reaches a buffer for this
+                long, the run records a "stalled" event saying what it waits for, shown by
+                `run.status` ("stalled"), `run.stalled`, the dashboard and the waiting cell.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         self._check_open()
-        config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode)
+        config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode,
+                           stall_seconds)
         if autoscale is not None and self._pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")
@@ -511,7 +517,7 @@ class Session:
                 # A run whose task had not started yet when stop() came had no cancel scope to
                 # cancel (train() then exit at once): stop it again until it has ended, so the
                 # portal's exit does not wait for it to train to the end.
-                while pending := [run for run in self._runs if run.status == "running"]:
+                while pending := [run for run in self._runs if not run.done]:
                     time.sleep(0.02)
                     for run in pending:
                         run.stop()

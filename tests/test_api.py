@@ -14,6 +14,7 @@ def test_exported_names():
         "GRPO", "M2PO", "Algorithm", "AdamWConfig", "AdamW", "SamplingParams",
         "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory", "WeightUpdate",
         "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "ReplayError", "ServiceError",
+        "NoTrainableTokens", "SamplesRanOut",
         "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "models",
         "environments", "weights", "__version__", "ChatMessage", "ToolOutcome", "DataSource",
         "RoleEvaluation", "chat", "data", "RunRecord", "open_run", "runs", "compare", "trackers",
@@ -38,7 +39,7 @@ def test_main_signatures():
     assert params(ab.Session.train) == [
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",
         "eval_every", "eval_n", "eval_k", "eval_split", "eval_env", "checkpoint_every",
-        "keep_checkpoints", "record", "record_per_step", "loggers", "autoscale"]
+        "keep_checkpoints", "record", "record_per_step", "loggers", "autoscale", "stall_seconds"]
     assert params(ab.Session.resume) == ["self", "run", "envs", "loggers"]
     assert params(ab.Session.evaluate) == ["self", "env", "split", "n", "k", "seed"]
     assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "lr", "seed",
@@ -83,7 +84,8 @@ def test_errors_share_one_base_and_keep_their_builtin_bases():
     assert issubclass(ab.WeightTransferError, ab.AstranbError)
     assert issubclass(ab.WeightTransferError, ValueError)
     assert issubclass(ab.ServiceUnavailable, ConnectionError)
-    for error in (ab.EpisodesKeepFailing, ab.ReplayError, ab.ServiceError, ab.TrainerRolledBack):
+    for error in (ab.EpisodesKeepFailing, ab.ReplayError, ab.ServiceError, ab.TrainerRolledBack,
+                  ab.NoTrainableTokens, ab.SamplesRanOut):
         assert issubclass(error, ab.AstranbError) and issubclass(error, RuntimeError), error
 
 

@@ -8,6 +8,7 @@ missing browser is a failure, not a silent skip.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,20 +66,20 @@ def _notebook(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
+@contextlib.contextmanager
+def _lab(root: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """JupyterLab serving `root` on a free loopback port: yields (base URL, token)."""
     token, port = secrets.token_hex(16), _free_port()
-    notebook = _notebook(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("ASTRANB_SMOKE", "ASTRANB_DISPLAY")}
     env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "jupyter-config")
     log = open(tmp_path / "jupyterlab.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
          "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={notebook.parent}",
+         f"--ServerApp.root_dir={root}",
          f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", "--ServerApp.open_browser=False",
          *(["--allow-root"] if os.geteuid() == 0 else [])],
-        cwd=notebook.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
@@ -94,7 +96,7 @@ def jupyterlab(tmp_path):
                 pytest.fail("JupyterLab did not start:\n" + log_text[-3000:])
             time.sleep(0.5)
     try:
-        yield f"{base}/lab/tree/{notebook.name}?reset&token={token}"
+        yield base, token
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the kernel is in the server's process group
         try:
@@ -102,6 +104,13 @@ def jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    notebook = _notebook(tmp_path)
+    with _lab(notebook.parent, tmp_path) as (base, token):
+        yield f"{base}/lab/tree/{notebook.name}?reset&token={token}"
 
 
 def _status(page) -> str:
@@ -209,3 +218,114 @@ def test_exported_episode_steps_in_a_browser_without_a_kernel(chromium, tmp_path
         browser.close()
     assert not errors, errors
     assert requests == [path.as_uri()], f"the page asked for more than itself: {requests}"
+
+
+# -- every notebook, as a person runs it: Run All with its own defaults ------------------------
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+STATED = re.compile(r"Run All finishes within (\d+) minutes on 2 CPU cores")
+IDLE_SECONDS = 5.0
+"""The kernel idle this long: Run All may be over (the saved notebook says whether it is)."""
+
+
+def _stated_minutes(path: Path) -> int:
+    """The time a notebook says Run All takes (in its first markdown cell)."""
+    first = next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown")
+    match = STATED.search("".join(first["source"]))
+    assert match, f"{path.name} does not say 'Run All finishes within N minutes on 2 CPU cores'"
+    return int(match.group(1))
+
+
+def test_every_notebook_states_how_long_run_all_takes():
+    assert {name: _stated_minutes(ROOT / "notebooks" / name) for name in NOTEBOOKS}
+
+
+@pytest.fixture(scope="module")
+def notebooks_lab(tmp_path_factory) -> Iterator[tuple[str, str, Path]]:
+    """One JupyterLab over a copy of notebooks/ (their run folders land beside the copy)."""
+    tmp = tmp_path_factory.mktemp("all-notebooks")
+    root = tmp / "lab" / "notebooks"
+    shutil.copytree(ROOT / "notebooks", root)
+    with _lab(root, tmp) as (base, token):
+        yield base, token, root
+
+
+def _api(base: str, token: str, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"{base}{path}?token={token}", method=method)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = answer.read()
+    return json.loads(body) if body else None
+
+
+def _kernel_state(base: str, token: str, name: str) -> tuple[str | None, str | None]:
+    """(session id, the kernel's execution state) of the notebook `name`'s session."""
+    for session in _api(base, token, "/api/sessions"):
+        if session["path"].endswith(name):
+            return session["id"], session["kernel"]["execution_state"]
+    return None, None
+
+
+def _progress(path: Path) -> tuple[int, int, str | None]:
+    """(code cells executed, code cells, the first error's text) of the saved notebook."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    errors = [f"{o['ename']}: {o['evalue']}" for c in cells for o in c.get("outputs", ())
+              if o.get("output_type") == "error"]
+    done = sum(c.get("execution_count") is not None for c in cells)
+    return done, len(cells), errors[0] if errors else None
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_run_all_with_its_own_defaults_finishes_within_the_stated_time(
+        chromium, notebooks_lab, name):
+    """A person's first contact: open the notebook in JupyterLab, Run All, no parameters. Every
+    cell runs without an error, within the time the notebook states."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = notebooks_lab
+    minutes = _stated_minutes(root / name)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        session = None
+        try:
+            page.goto(f"{base}/lab/tree/{name}?reset&token={token}")
+            page.locator(".jp-Notebook").wait_for(timeout=120_000)
+            page.locator("#jp-main-statusbar", has_text="Idle").wait_for(timeout=120_000)
+            started = time.monotonic()
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            idle_since = None
+            while True:
+                elapsed = time.monotonic() - started
+                assert elapsed < minutes * 60, (
+                    f"{name}: Run All still going after {elapsed:.0f} s; it states "
+                    f"{minutes} minutes ({_progress(root / name)[:2]} cells done at last save)")
+                time.sleep(1)
+                session, state = _kernel_state(base, token, name)
+                if state != "idle":
+                    idle_since = None
+                    continue
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since < IDLE_SECONDS:
+                    continue
+                page.locator(".jp-Notebook").first.click()
+                page.keyboard.press("Control+s")
+                time.sleep(1)
+                done, total, error = _progress(root / name)
+                assert error is None, f"{name}: a cell failed with its own defaults: {error}"
+                if done == total:
+                    break
+                idle_since = None  # idle between two cells, or the save was not in yet
+            print(f"{name}: Run All took {time.monotonic() - started:.0f} s "
+                  f"(states {minutes} min)")
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / f"browser_run_all_{name}.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+            if session is not None:  # its kernel's memory and threads go before the next one
+                _api(base, token, f"/api/sessions/{session}", method="DELETE")

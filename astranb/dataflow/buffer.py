@@ -3,7 +3,9 @@
 Finished groups wait here until the trainer pops a batch. Order is EDF (earliest deadline first:
 the group with the oldest token goes first, so the samples closest to the staleness bound are
 trained before they expire) or FIFO (arrival order). The staleness bound is re-checked at pop:
-a group whose oldest token is more than `max_staleness` versions behind is dropped there.
+a group whose oldest token is more than `max_staleness` versions behind is dropped there. Once
+no group can come any more (`close`, when every sample stream has ended), a pop that the
+waiting groups cannot serve raises `SamplesRanOut` instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from ..errors import SamplesRanOut
 from ..types import Trajectory
 
 __all__ = ["Group", "Buffer", "ORDERS"]
@@ -60,6 +63,7 @@ class Buffer:
         self._heap: list[tuple[int, int, Group]] = []
         self._seq = itertools.count()
         self._added = anyio.Event()
+        self._closed: str | None = None
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -83,11 +87,18 @@ class Buffer:
         A group found too stale on the way is dropped and handed to `on_drop` at once: its
         admission must be released right away, or a full gate could wait on a pop that waits
         on the gate.
+
+        Raises:
+            SamplesRanOut: the buffer is closed and holds fewer than `n` fresh groups (those it
+                holds stay in it).
         """
         taken: list[tuple[int, int, Group]] = []
         try:
             while len(taken) < n:
                 if not self._heap:
+                    if self._closed is not None:
+                        raise SamplesRanOut(f"{self.policy} needs {n} groups for a step and "
+                                            f"{len(taken)} are left: {self._closed}")
                     await self._added.wait()
                     continue
                 entry = heapq.heappop(self._heap)
@@ -95,11 +106,18 @@ class Buffer:
                     on_drop(entry[2])
                 else:
                     taken.append(entry)
-        except BaseException:  # cancelled while waiting: what was taken goes back, in place
+        except BaseException:  # cancelled (or ran out) while waiting: what was taken goes back
             for entry in taken:
                 heapq.heappush(self._heap, entry)
             raise
         return [group for _, _, group in taken]
+
+    def close(self, reason: str) -> None:
+        """No group will be put any more (`reason` says why): a pop that cannot be served by
+        the groups left raises `SamplesRanOut` with it, at once."""
+        self._closed = reason
+        self._added.set()
+        self._added = anyio.Event()
 
     def drain(self) -> list[Group]:
         """Remove and return every waiting group."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .stall import STALL_SECONDS
+
 __all__ = ["RunConfig"]
 
 
@@ -26,6 +28,9 @@ class RunConfig:
     mode: str = "independent"
     """"independent": each policy steps when its batch is ready; "barrier": versions advance
     together (no policy starts step v+1 before every policy has published v+1)."""
+    stall_seconds: float = STALL_SECONDS
+    """Seconds without a published step or a group reaching a buffer before the run records a
+    "stalled" event saying what it waits for (see `astranb.dataflow.stall`)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):
@@ -53,6 +58,10 @@ class RunConfig:
             raise ValueError(f"order must be 'edf' or 'fifo', got {self.order!r}")
         if self.mode not in ("independent", "barrier"):
             raise ValueError(f"mode must be 'independent' or 'barrier', got {self.mode!r}")
+        if (isinstance(self.stall_seconds, bool)
+                or not isinstance(self.stall_seconds, (int, float)) or not self.stall_seconds > 0):
+            raise ValueError(f"stall_seconds must be a number of seconds > 0, got "
+                             f"{self.stall_seconds!r} (default {STALL_SECONDS:g})")
 
     @property
     def groups_per_batch(self) -> int:

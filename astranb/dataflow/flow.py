@@ -16,6 +16,9 @@ final version always), one *window* plays the held-out samples k times each on t
 is recorded as an "evaluation" event. A window that is still playing when new versions are
 published is not interrupted; the versions passed meanwhile are skipped (the next window plays
 the newest), and the run ends only after the window of the final version.
+
+A watchdog lives as long as the run: when the run stops moving it records a "stalled" event
+saying what the run waits for (see `stall`), so a run that makes no progress says so.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ from .config import RunConfig
 from .loop import TrainLoop
 from .orchestrator import Orchestrator, Source, play_heldout
 from .staleness import StalenessGate
+from .stall import PolicyWait, Snapshot, StallWatch, describe, filter_streak, filtered_message
 
 __all__ = ["Dataflow", "HeldOut"]
 
 _POLL = 0.02
 """Seconds between two looks at the published versions while no window is due."""
+_WATCH = 0.25
+"""Most seconds between two looks of the watchdog (less when `stall_seconds` is shorter)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ class Dataflow:
                                  "to a trained environment or evaluate another environment")
         self.windows = 0
         """Evaluation windows recorded so far."""
+        self._evaluating = False
         if remote is not None:
             remote.start_run(sources)
 
@@ -129,6 +136,7 @@ class Dataflow:
         for loop in self.loops:
             loop.started = started - self.time_offset
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, started - self.time_offset)
             if self.remote is not None:
                 tg.start_soon(self.remote.run)
             for task in also:
@@ -143,6 +151,54 @@ class Dataflow:
                             trainers.start_soon(loop.run)
                     rollouts.cancel_scope.cancel()  # all policies trained: stop the rollouts
             tg.cancel_scope.cancel()  # and the last evaluation window is in: stop the rest
+
+    async def _watch(self, started: float) -> None:
+        """The watchdog: a "stalled" event when no step is published and no group reaches a
+        buffer for `stall_seconds`, or after a quarter of it when a policy's last groups were
+        all dropped by filter_groups; each said once per stall."""
+        watch = StallWatch(self.config.stall_seconds, anyio.current_time())
+        streak = filter_streak(self.config.groups_per_batch)
+        said: set[str] = set()  # policies whose current filter_groups streak was reported
+        while True:
+            await anyio.sleep(min(_WATCH, self.config.stall_seconds / 4))
+            now = anyio.current_time()
+            progress = (tuple(loop.published for loop in self.loops),
+                        self.orchestrator.delivered)
+            busy = self._evaluating or any(loop.doing in ("publish", "checkpoint")
+                                           for loop in self.loops)
+            stalled = watch.look(now, progress, busy)
+            filtered = self.orchestrator.filtered
+            said &= set(filtered)  # a kept group ends a streak: the next one is said again
+            # a streak is said once the run has not moved for a quarter of stall_seconds: an
+            # untrained policy's first groups often all score 0 until one gets lucky
+            for name, (groups, rewards) in filtered.items():
+                if (groups >= streak and name not in said
+                        and watch.idle(now) >= self.config.stall_seconds / 4):
+                    said.add(name)
+                    self._stalled(now - started, "filter_groups", [name], ["buffer"],
+                                  filtered_message(name, groups, sorted(rewards)))
+            if stalled:
+                waiting, message = describe(self.snapshot(now, watch.idle(now)))
+                self._stalled(now - started, "no_progress", sorted(self.policies), waiting,
+                              message)
+
+    def snapshot(self, now: float, idle: float) -> Snapshot:
+        """The run's state for the watchdog (`now` on the event loop's clock)."""
+        gate, orchestrator = self.gate, self.orchestrator
+        policies = tuple(
+            PolicyWait(loop.policy.name, loop.doing, len(loop.buffer),
+                       self.config.groups_per_batch, gate.live[loop.policy.name], gate.capacity,
+                       None if loop.step_started is None else now - loop.step_started,
+                       orchestrator.filtered.get(loop.policy.name, (0, ()))[0])
+            for loop in self.loops)
+        starts = orchestrator.in_flight.values()
+        return Snapshot(idle, policies, len(starts), now - min(starts) if starts else None,
+                        all(src.samples is None for src in orchestrator.sources))
+
+    def _stalled(self, time: float, reason: str, policies: list[str], waiting: list[str],
+                 message: str) -> None:
+        self.recorder.add_event("stalled", {"time": time, "reason": reason, "policies": policies,
+                                            "waiting_for": waiting, "message": message})
 
     async def _evaluate(self, heldout: HeldOut, started: float) -> None:
         """Play a window whenever one is due, until the final version's window is in.
@@ -167,8 +223,12 @@ class Dataflow:
     async def _window(self, heldout: HeldOut, version: int, started: float) -> None:
         t0 = anyio.current_time()
         index, self.windows = self.windows, self.windows + 1
-        plays = await play_heldout(heldout.env, heldout.wiring, heldout.samples, heldout.k,
-                                   remote=self.remote, group=-1 - index, version=version)
+        self._evaluating = True  # the watchdog counts a window as the run moving
+        try:
+            plays = await play_heldout(heldout.env, heldout.wiring, heldout.samples, heldout.k,
+                                       remote=self.remote, group=-1 - index, version=version)
+        finally:
+            self._evaluating = False
         results = evaluate_trajectories(plays, heldout.env.roles, heldout.k, heldout.split,
                                         heldout.env.solved)
         now = anyio.current_time()

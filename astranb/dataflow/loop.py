@@ -65,6 +65,11 @@ class TrainLoop:
         self._publishing: asyncio.Future[dict[str, Any]] | None = None
         # the next step's batch, collected while this one trains (see `_collect_next`)
         self._next: asyncio.Future[tuple[list[Group], Batch]] | None = None
+        self.doing = "buffer"
+        """What the loop waits on now (the watchdog's reading): "barrier", "buffer",
+        "trainer", "publish", "checkpoint" or "done"."""
+        self.step_started: float | None = None
+        """When the running train step began (event loop clock); None between steps."""
 
     async def run(self) -> None:
         try:
@@ -77,6 +82,7 @@ class TrainLoop:
             if self.checkpoint is not None and self.checkpoint_every:
                 await self._checkpoint()  # the final version: the run can be continued later
         finally:
+            self.doing = "done"
             if self._publishing is not None:  # cancelled or failed meanwhile
                 self._publishing.cancel()
                 self._publishing = None
@@ -92,10 +98,12 @@ class TrainLoop:
         t_wait = anyio.current_time()  # the event loop's clock (virtual in the simulator)
         if self.barrier is not None and self.barrier.slowest() < version:
             self.gate.set_waiting(policy.name, True)
+            self.doing = "barrier"
             try:
                 await self.barrier.wait(version)
             finally:
                 self.gate.set_waiting(policy.name, False)
+        self.doing = "buffer"
         collected, self._next = self._next, None
         if collected is not None:  # popped while the previous step trained
             groups, batch = await collected
@@ -104,10 +112,13 @@ class TrainLoop:
         tokens_before = self.counters.rollout_tokens
         t_step = anyio.current_time()
         self._collect_next(version + 1)
+        self.doing, self.step_started = "trainer", t_step
         try:
             metrics = await policy.train_step(batch)
         except TrainerRolledBack as rollback:
             return await self._roll_back(groups, rollback)
+        finally:
+            self.doing, self.step_started = "publish", None
         tokens_during = self.counters.rollout_tokens - tokens_before
         self._count_trained(groups)
         await self._finish_publishing()  # versions reach the engine in order
@@ -181,6 +192,7 @@ class TrainLoop:
         # first, so the checkpoint at version v goes with exactly the rows of steps < v
         await self._finish_publishing()
         assert self.checkpoint is not None
+        self.doing = "checkpoint"
         await self.checkpoint(self.policy)
 
     async def _finish_publishing(self) -> None:

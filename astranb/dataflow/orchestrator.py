@@ -4,8 +4,14 @@ Each worker loops: pick an environment (by the sampling weights of the wired env
 for admission of its policies, take its next sample, play `group_size` episodes of it
 concurrently, then hand the group to the buffer of every policy that played in it. A group whose
 rewards are all equal for every policy that filters (dynamic sampling) is dropped here, and so are
-failed episodes; a failed episode is still recorded. If every episode keeps failing the run stops
-with the last error instead of spinning forever.
+failed episodes; a failed episode is still recorded.
+
+A run that cannot get anywhere stops with an error that says why, instead of spinning forever:
+every episode keeps failing (`EpisodesKeepFailing`); episodes keep ending before their policy
+sampled a single token, e.g. a prompt longer than the model's context (`NoTrainableTokens`);
+every sample stream has ended before the steps were taken, or yielded nothing at all
+(`SamplesRanOut`, raised by the buffer pop that can no longer be served). Both counts of
+episodes in a row are `max_consecutive_failures` (the run passes max(64, 2 x batch_size)).
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import anyio
 from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..environments.base import Environment
 from ..environments.play import play_episode
-from ..errors import EpisodesKeepFailing
+from ..errors import EpisodesKeepFailing, NoTrainableTokens
 from ..types import Trajectory
 from ._tasks import run_all
-from .batcher import has_signal_for, policy_reward
+from .batcher import group_rewards, has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .ledger import SampleLedger, sample_id
 from .staleness import StalenessGate
@@ -110,6 +116,10 @@ class Source:
         """Samples taken from the stream so far (skipped ones included): where a resumed run
         picks the stream up (`skip`)."""
         self._replay: deque[tuple[int, Mapping[str, Any]]] = deque()
+        self.skipped = skip
+        """Samples skipped at the start (drawn by the run this one resumes)."""
+        self.empty_in_a_row = 0
+        """Episodes in a row that ended before any policy sampled a token."""
         if skip:
             self._skip(skip, dict(replay))
 
@@ -153,7 +163,8 @@ class Orchestrator:
         recorder: where episodes go.
         group_size: episodes per sample.
         seed: seed of the environment choice.
-        max_consecutive_failures: stop the run after this many failed episodes in a row.
+        max_consecutive_failures: stop the run after this many failed episodes in a row, or
+            this many in a row of one environment that sampled no token.
         remote: rollout services that play the episodes instead of this process.
     """
 
@@ -182,6 +193,13 @@ class Orchestrator:
         self._consecutive_failures = 0
         self._max_failures = max_consecutive_failures
         self.remote = remote
+        self.in_flight: dict[int, float] = {}
+        """Group id -> when it began playing (the event loop's clock), for groups playing now."""
+        self.delivered = 0
+        """Groups put in a buffer so far (the watchdog's sign of progress)."""
+        self.filtered: dict[str, tuple[int, frozenset[float]]] = {}
+        """Per policy: (groups dropped by filter_groups in a row, the distinct rewards they
+        earned); forgotten when one of its groups is kept."""
 
     def position(self) -> dict[str, Any]:
         """Where the sample streams and the environment choice stand (JSON), for a checkpoint:
@@ -200,10 +218,27 @@ class Orchestrator:
             self._rng.setstate(_rng_from_json(state))
 
     async def run(self, workers: int) -> None:
-        """Run `workers` group workers until cancelled (or every sample stream ends)."""
+        """Run `workers` group workers until cancelled (or every sample stream ends: then the
+        buffers are closed, so a step that can no longer be fed fails with why)."""
         async with anyio.create_task_group() as tg:
             for _ in range(workers):
                 tg.start_soon(self._worker)
+        reason = self._ran_out()
+        for buffer in self.buffers.values():
+            buffer.close(reason)
+
+    def _ran_out(self) -> str:
+        """Why no more groups will come (every sample stream has ended), with the fix."""
+        if not any(src.drawn for src in self.sources):
+            names = " and ".join(f"{src.env.name}.samples(seed)" for src in self.sources)
+            return (f"{names} yielded no sample, so no episode can be played; give the "
+                    "environment samples (check its dataset, split and filters)")
+        counts = ", ".join(f"{src.drawn} from {src.env.name}"
+                           + (f", {src.skipped} of them before the resume" if src.skipped else "")
+                           for src in self.sources)
+        return (f"every sample stream has ended ({counts}) before the run's steps were taken; "
+                "train fewer steps, or make samples() endless (e.g. loop over the data in "
+                "epochs)")
 
     def _choose(self) -> Source | None:
         live = [src for src in self.sources if src.samples is not None]
@@ -234,8 +269,17 @@ class Orchestrator:
         source = source or self.sources[0]
         group_id = next(self._group_ids)
         admitted = min(p.version for p in source.policies.values())
-        if self.remote is not None:
-            return await self._play_remote(self.remote, sample, group_id, admitted, source, key)
+        self.in_flight[group_id] = anyio.current_time()
+        try:
+            if self.remote is not None:
+                return await self._play_remote(self.remote, sample, group_id, admitted, source,
+                                               key)
+            return await self._play_here(sample, group_id, admitted, source, key)
+        finally:
+            del self.in_flight[group_id]
+
+    async def _play_here(self, sample: Mapping[str, Any], group_id: int, admitted: int,
+                         source: Source, key: str) -> Group:
         results: list[Trajectory | None] = [None] * self.group_size
 
         async def play(i: int) -> None:
@@ -281,6 +325,7 @@ class Orchestrator:
                                   tokenizers=source.tokenizers)
         if traj.ok:
             self._consecutive_failures = 0
+            self._check_tokens(traj, source)
             for name in {turn.policy for turn in traj.turns}:
                 reward = policy_reward(traj, name)
                 if reward is not None:  # always: `name` made a turn, so it played a role
@@ -296,6 +341,20 @@ class Orchestrator:
                 f"Last error:\n{traj.error}"
             )
 
+    def _check_tokens(self, traj: Trajectory, source: Source) -> None:
+        """Count episodes in a row that ended before a token was sampled; stop the run at
+        `max_consecutive_failures` of them (they train nothing, and cost nothing to play, so
+        the run would spin through them forever)."""
+        if any(turn.generation.completion_ids for turn in traj.turns):
+            source.empty_in_a_row = 0
+            return
+        source.empty_in_a_row += 1
+        if source.empty_in_a_row != self._max_failures:  # raise once (see _count)
+            return
+        raise NoTrainableTokens(
+            f"the last {self._max_failures} episodes of {source.env.name} produced no token to "
+            f"train on: {_no_tokens_why(traj)}; run.episodes[-1].show() shows the last one.")
+
     def _deliver(self, group: Group, source: Source) -> None:
         """Put the group in the buffer of each policy that can learn from it; release the rest."""
         names = tuple(source.policies)
@@ -304,12 +363,17 @@ class Orchestrator:
             reason = self._drop_reason(group, name)
             if reason is None:
                 self.buffers[name].put(group)
+                self.delivered += 1
+                self.filtered.pop(name, None)
                 continue
             release[name] = 1
             if reason == "retired":  # its rows are all written: nothing will report it
                 self.counters.samples.forget(name, group.key)
-            else:
-                self.counters.samples.dropped(name, group.key, reason)
+                continue
+            self.counters.samples.dropped(name, group.key, reason)
+            if reason == "filtered":  # one more in a row (the watchdog reads it)
+                n, seen = self.filtered.get(name, (0, frozenset()))
+                self.filtered[name] = (n + 1, seen | set(group_rewards(group, name)))
         if len(release) == len(names):
             self.counters.filtered_groups += 1
         if release:
@@ -325,6 +389,20 @@ class Orchestrator:
         if self._policies[name].algorithm.filter_groups and not has_signal_for(group, name):
             return "filtered"
         return None if _enough(group, name) else "failed"
+
+
+def _no_tokens_why(traj: Trajectory) -> str:
+    """Why an episode sampled no token, and the fix."""
+    cut = traj.truncated or ""
+    if not traj.turns and cut.startswith("context"):
+        return (f"each was cut short before its first turn ({cut}). Use shorter prompts (they "
+                "must leave room in the context for the answer, max_new_tokens) or a model with "
+                "a longer context")
+    if cut:
+        return (f"each was cut short before sampling a token ({cut}). Raise the environment's "
+                "limit (max_episode_tokens, max_agent_turns) or lower what one turn asks for")
+    return (f"the last one made {len(traj.turns)} turn(s) and sampled nothing. Check the "
+            "environment's sampling (max_new_tokens > 0) and that it calls ctx.generate")
 
 
 def _enough(group: Group, policy: str) -> bool:

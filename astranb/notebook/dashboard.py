@@ -164,9 +164,10 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
 
 def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequence[str],
                 steps: int, error: BaseException | None = None,
-                evaluation: Mapping[str, Any] | None = None) -> str:
-    """One line: state, steps, each policy's version, time, last reward, worst staleness, and
-    the last held-out evaluation window's scores when there is one."""
+                evaluation: Mapping[str, Any] | None = None, stalled: str | None = None) -> str:
+    """One line: state, steps, each policy's version, time, last reward, worst staleness, the
+    last held-out evaluation window's scores when there is one, and why the run is stalled
+    when it is (`run.stalled`)."""
     done = len(rows)
     parts = [state, f"{done}/{steps * len(policies)} steps"]
     last = {r["policy"]: r for r in rows}
@@ -184,6 +185,8 @@ def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequenc
         scores = [f"{k} {v:.2f}" for k, v in evaluation.items()
                   if ("/avg@" in k or "/pass@" in k) and isinstance(v, float) and not math.isnan(v)]
         parts.append(f"held-out v{evaluation['version']}: " + ", ".join(scores))
+    if stalled is not None:
+        parts.append(f"stalled: {stalled}")
     if error is not None:
         parts.append(f"error: {type(error).__name__}: {error}")
     return " · ".join(parts)
@@ -388,7 +391,7 @@ class View:
         run = self.run
         windows = run.evaluation_rows if run.heldout is not None else []
         return status_line(run.status, run.rows, run.policies, run.config.steps,
-                           run.error, windows[-1] if windows else None)
+                           run.error, windows[-1] if windows else None, run.stalled)
 
     def png(self) -> bytes:
         """The panels now, drawn as a PNG."""

@@ -10,9 +10,10 @@ CELLS = [
         "A ~135K-parameter Qwen3-architecture model, built locally, learns single-digit "
         "arithmetic (`3+4=` → `7`) from a 0/1 reward. Rollouts run up to `max_staleness` weight "
         "versions ahead of the trainer, in the session's background loop: the kernel stays free "
-        "while it trains. Runs on 2 CPU cores in a few minutes. (Near reward 1 almost every group "
-        "of 8 answers is all right and is filtered out, as it carries no learning signal, so each "
-        "step then needs many more rollouts: steps beyond ~600 get slow.)"
+        "while it trains. Run All finishes within 5 minutes on 2 CPU cores. (Near reward 1 "
+        "almost every group of 8 answers is all right and is filtered out, as it carries no "
+        "learning signal, so each step then needs many more rollouts: steps beyond ~600 get "
+        "slow.)"
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"

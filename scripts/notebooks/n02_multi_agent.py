@@ -15,8 +15,8 @@ CELLS = [
         "the truth of the first answer and half the solver's reward, so rejecting everything "
         "does not pay. Each policy trains "
         "only on its own turns, with its own role's reward; both train at once, each stepping "
-        "as soon as its own batch is ready (`mode=\"independent\"`). About two minutes on "
-        "2 CPU cores."
+        "as soon as its own batch is ready (`mode=\"independent\"`). Run All finishes within 5 "
+        "minutes on 2 CPU cores."
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"

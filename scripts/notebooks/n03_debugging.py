@@ -14,7 +14,8 @@ CELLS = [
         "rewards. This notebook trains a tiny model on arithmetic for a moment, picks an "
         "episode it got wrong, steps through it, edits the answer, re-scores it, exports it as "
         "a standalone HTML file, and plays a fresh episode in the debugger. Every button of the "
-        "debugger is also a method, so all of it works headless too."
+        "debugger is also a method, so all of it works headless too. Run All finishes within 3 "
+        "minutes on 2 CPU cores."
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"

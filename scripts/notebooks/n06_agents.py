@@ -14,15 +14,18 @@ CELLS = [
         "sequence. A short supervised warm start on format demonstrations comes first (the "
         "\"cold start\" of real recipes), then asynchronous GRPO, with evaluation windows on "
         "held-out problems running alongside training.\n\n"
-        "The default parameters are the GPU recipe: Qwen3-0.6B on GSM8K. On a CPU, run it with "
-        "`-p recipe cpu` (about 5 minutes on 2 cores): the project's tiny chat model on "
-        "generated additions (`What is 37 + 48?`), too hard to do in its head and easy with "
-        "the calculator, warm-started on demonstrations of which only half use the tool. What "
-        "RL has to learn is to call it."
+        "The recipe follows the machine: where CUDA is available the GPU recipe, Qwen3-0.6B on "
+        "GSM8K; elsewhere (a laptop, Binder, CI) the CPU recipe, which Run All finishes "
+        "within 10 minutes on 2 CPU cores: the project's tiny chat model on generated "
+        "additions (`What is 37 + 48?`), too hard to do in its head and easy with the "
+        "calculator, warm-started on demonstrations of which only half use the tool. What RL "
+        "has to learn is to call it. The recipe cell prints the one it chose; set `recipe` "
+        "(or `papermill -p recipe cpu`) to choose yourself."
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"
-        'recipe = "gpu"  # "gpu": Qwen3-0.6B on GSM8K; "cpu": the tiny chat model, generated sums\n'
+        'recipe = None  # None: "gpu" where CUDA is available, else "cpu"\n'
+        '#               "gpu": Qwen3-0.6B on GSM8K; "cpu": the tiny chat model, generated sums\n'
         "# None: the recipe's value\n"
         "model = None      # a Hugging Face name or directory, or \"tiny-chat\"\n"
         "dataset = None    # a Hugging Face dataset with config \"main\", or \"generated\"\n"
@@ -47,6 +50,7 @@ CELLS = [
     ),
     new_code_cell(
         "import os\nimport tempfile\n\n"
+        "import torch\n\n"
         "RECIPES = {\n"
         "    \"gpu\": dict(model=\"Qwen/Qwen3-0.6B\", dataset=\"openai/gsm8k\", device=\"cuda\",\n"
         "                steps=200, batch_size=64, lr=1e-6, sft_steps=50, sft_lr=1e-5,\n"
@@ -55,8 +59,14 @@ CELLS = [
         "                steps=40, batch_size=32, lr=5e-4, sft_steps=300, sft_lr=5e-3,\n"
         "                max_new_tokens=40, max_turns=2, eval_every=10, eval_n=100, eval_k=1),\n"
         "}\n"
+        "if recipe is None:  # follow the machine\n"
+        "    recipe = \"gpu\" if torch.cuda.is_available() else \"cpu\"\n"
+        "    why = \"CUDA is available\" if recipe == \"gpu\" else \"CUDA is not available\"\n"
+        "else:\n"
+        "    why = \"chosen by the recipe parameter\"\n"
         "if recipe not in RECIPES:\n"
         "    raise ValueError(f\"recipe must be one of {sorted(RECIPES)}, got {recipe!r}\")\n"
+        "print(f\"recipe {recipe!r} ({why})\")\n"
         "if os.environ.get(\"ASTRANB_SMOKE\"):  # the test suite runs it small and fast\n"
         "    recipe, steps, batch_size, sft_steps = \"cpu\", 2, 16, 2\n"
         "    eval_every, eval_n, eval_k = 1, 8, 2\n"

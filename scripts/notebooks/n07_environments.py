@@ -21,18 +21,24 @@ md("""# The agent environments: code in a sandbox, search, recursive TextCraft, 
 
 A tour of the four environment packages under `environments/`. Each one is shown the way it
 grades (hand-made answers, a scripted player), then wired to a policy and trained for a few
-steps with held-out evaluation before and after. With `recipe="gpu"` the same cells are the
-recipes to run on a GPU host (a Qwen3-class chat model, longer runs); `recipe="cpu"` uses the
-tiny chat model, whose numbers show the plumbing, not learning.""")
+steps with held-out evaluation before and after. The recipe follows the machine: where CUDA is
+available the "gpu" recipe (a Qwen3-class chat model, longer runs), elsewhere the "cpu" recipe,
+which Run All finishes within 10 minutes on 2 CPU cores. The "cpu" recipe uses the tiny
+chat model, whose numbers show the plumbing, not learning: untrained, it scores 0 on nearly
+every task, so every group of episodes ties, and with `filter_groups=True` (the GPU recipe's
+setting) every group would be dropped and no step taken (the run says so: `run.status` becomes
+"stalled", with the reason). The "cpu" recipe trains on them anyway (`filter_groups=False`).
+The recipe cell prints the recipe it chose; set `recipe` to choose yourself.""")
 
 code("""# Parameters (papermill can override any of them)
-recipe = "gpu"  # "gpu": Qwen3-0.6B on a CUDA host; "cpu": the tiny chat model
+recipe = None  # None: "gpu" where CUDA is available, else "cpu"
+#               "gpu": Qwen3-0.6B on a CUDA host; "cpu": the tiny chat model
 model = None    # None: the recipe's; a Hugging Face name or directory, or "tiny-chat"
 device = None
 steps = None
 batch_size = None
 group_size = 4
-filter_groups = True  # drop groups whose rewards are all equal (no signal)
+filter_groups = None  # drop groups whose rewards are all equal (None: the recipe's)
 max_new_tokens = None
 eval_n = None
 controller = None  # an AgentBench controller ("http://127.0.0.1:5000/api"); None: the fake
@@ -43,20 +49,28 @@ run_dir = "../runs/environments"
 code("""import os
 import tempfile
 
+import torch
+
 RECIPES = {
     "gpu": dict(model="Qwen/Qwen3-0.6B", device="cuda", steps=100, batch_size=64,
-                max_new_tokens=512, eval_n=200),
-    "cpu": dict(model="tiny-chat", device="cpu", steps=10, batch_size=16, max_new_tokens=48,
-                eval_n=32),
+                max_new_tokens=512, eval_n=200, filter_groups=True),
+    # the untrained tiny model ties on every group: train on them anyway (see above)
+    "cpu": dict(model="tiny-chat", device="cpu", steps=4, batch_size=16, max_new_tokens=48,
+                eval_n=32, filter_groups=False),
 }
+if recipe is None:  # follow the machine
+    recipe = "gpu" if torch.cuda.is_available() else "cpu"
+    why = "CUDA is available" if recipe == "gpu" else "CUDA is not available"
+else:
+    why = "chosen by the recipe parameter"
 if recipe not in RECIPES:
     raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+print(f"recipe {recipe!r} ({why})")
 if os.environ.get("ASTRANB_SMOKE"):  # the test suite runs it small and fast
     recipe, steps, batch_size, group_size, eval_n = "cpu", 1, 4, 2, 4
-    filter_groups = False  # an untrained model earns 0 everywhere: train anyway
     run_dir = tempfile.mkdtemp(prefix="astranb-smoke-")
 given = dict(model=model, device=device, steps=steps, batch_size=batch_size,
-             max_new_tokens=max_new_tokens, eval_n=eval_n)
+             max_new_tokens=max_new_tokens, eval_n=eval_n, filter_groups=filter_groups)
 settings = {**RECIPES[recipe], **{k: v for k, v in given.items() if v is not None}}
 globals().update(settings)
 settings""")

@@ -26,7 +26,8 @@ CELLS = [
         "and we check that at every version each rollout service holds exactly the trainer's "
         "weights. Both rollout services declare the region `lab`: one of them (the relay) "
         "pulls each version from the trainer, the other pulls it from the relay, so a region "
-        "far from the trainer sends each version across its link once."
+        "far from the trainer sends each version across its link once. Run All finishes "
+        "within 6 minutes on 2 CPU cores."
     ),
     new_code_cell(
         "# Parameters (papermill can override any of them)\n"

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LiveDashboard"]
 
-_STATE_COLORS = {"running": "#1f77b4", "finished": "#2ca02c", "stopped": "#7f7f7f",
-                 "failed": "#d62728"}
+_STATE_COLORS = {"running": "#1f77b4", "stalled": "#ff7f0e", "finished": "#2ca02c",
+                 "stopped": "#7f7f7f", "failed": "#d62728"}
 
 
 class LiveDashboard(View):
@@ -93,7 +93,7 @@ class LiveDashboard(View):
 
     # -- internals ------------------------------------------------------------------------------
     def _on_event(self, kind: str, payload: Any) -> None:
-        if kind in ("metrics", "evaluation"):  # a step row, or a held-out window
+        if kind in ("metrics", "evaluation", "stalled"):  # a step, a held-out window, a stall
             self._throttle.poke()
 
     def _redraw(self) -> None:
