@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup bubblewrap browser quickstart agents env-training test test-fast lint lab bench gpu-check clean
+.PHONY: setup bubblewrap browser quickstart agents env-training test test-notebooks test-fast lint lab bench gpu-check clean
 
 setup: $(VENV)/.installed bubblewrap
 
@@ -75,8 +75,14 @@ browser:
 # and pytest-xdist would run only one of them.
 FUZZ := tests/test_services_fuzz.py
 test: setup browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=$(FUZZ)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 --ignore=$(FUZZ) -m "not runall"
 	$(BIN)/python -m pytest -q -p no:xdist $(FUZZ)
+
+# Every notebook opened in JupyterLab and run with Run All and its own defaults (no parameters),
+# each within the time its first cell states: about 15 minutes on 2 cores, so apart from
+# `make test`; .ci/run runs both. One process: the notebooks' timings need both cores.
+test-notebooks: setup browser
+	$(BIN)/python -m pytest -q -p no:xdist -m runall tests/test_browser.py
 
 # Everything but the tests marked slow (live services, FSDP, the browser, notebooks).
 test-fast: setup

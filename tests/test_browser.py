@@ -273,6 +273,7 @@ def _progress(path: Path) -> tuple[int, int, str | None]:
     return done, len(cells), errors[0] if errors else None
 
 
+@pytest.mark.runall
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_run_all_with_its_own_defaults_finishes_within_the_stated_time(
