@@ -96,6 +96,13 @@ class EpisodeTruncated(AstranbError):
 class SessionClosed(AstranbError, RuntimeError):
     """A Session was used after `close()` (or after a newer Session took its folder)."""
 
+    def __init__(self, directory: object):
+        super().__init__(
+            f"this Session on {directory} was closed (session.close(), or a newer Session of "
+            "this process took its folder); its policies and engines are gone. Open a new "
+            f"one: ab.Session({str(directory)!r})")
+        self.directory = directory
+
 
 class FolderNotWritable(AstranbError, OSError):
     """A Session's folder cannot be written (a read-only mount, no permission): astranb keeps

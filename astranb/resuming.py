@@ -1,5 +1,5 @@
-"""Bringing an embedded run back after its kernel died: the plan a run leaves, how a Session
-rebuilds policies and wiring from it, and the lock that keeps two Sessions off one folder.
+"""Bringing an embedded run back after its kernel died: the plan a run leaves and how a Session
+rebuilds policies and wiring from it (the folder's lock is `folder.py`).
 
 `session.train(checkpoint_every=N)` writes the run's *plan* (plan.json, see `checkpoint.py`)
 before it starts: its settings, each policy's target version, each policy's recipe (the
@@ -12,27 +12,16 @@ bit against the checkpoint's checksum) and the engines get those weights before 
 `resume` is `Session.resume`'s body: `restore`, the engines brought to the loaded weights, the
 run's held-out windows and Recorder made again from the plan, and the run started on
 (`running.start`). `also_on_the_class` lets `ab.Session.resume(folder)` open the Session itself.
-
-Lock: a Session writes `<folder>/session.lock` (pid, host, time) and removes it on close. A
-second Session on the same folder while the owner lives is refused, with the owner named. A lock
-whose process is gone (kill -9, a dead kernel) is taken over. Within one process, an earlier
-Session on the folder that runs nothing is closed first, with a warning naming the folder (a
-notebook cell run again); using it afterwards raises `SessionClosed`. One that is still
-training is an error. A folder that cannot be written is `FolderNotWritable`; releasing the lock
-never raises (a lock left behind is taken over by the next Session, its owner being gone).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
-import socket
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,12 +41,11 @@ from .checkpoint import (
 )
 from .contracts import Checkpointable
 from .dataflow.config import RunConfig
-from .errors import AstranbError, FolderNotWritable
 from .evaluating import heldout, positive
+from .folder import FolderLock, FolderLocked  # re-exported: they lived here first
 from .models import ModelSpec
 from .recorder import Recorder
 from .records import DamagedRecord, set_aside_episodes
-from .runinfo import pid_alive
 from .running import decoder, start
 from .trackers import resolve as resolve_trackers
 from .training.local import AdamWConfig
@@ -73,10 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["Resumption", "FolderLocked", "FolderLock", "make_plan", "restore", "run_folder",
            "resume", "also_on_the_class", "next_run_folder", "write_run_plan",
            "check_checkpointing"]
-
-
-class FolderLocked(AstranbError, RuntimeError):
-    """Another live Session writes to this folder."""
 
 
 # -- the plan --------------------------------------------------------------------------------------
@@ -372,107 +356,3 @@ def _wiring(session: Any, plan: Mapping[str, Any], policies: Mapping[str, Policy
         session.wire(env, weight=entry["weight"], **roles)
         wired.append((env, roles, float(entry["weight"])))
     return wired
-
-
-# -- the folder lock -------------------------------------------------------------------------------
-
-_holders: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-"""Lock path -> the Session of this process that holds it."""
-
-
-class FolderLock:
-    """`<folder>/session.lock`: one live Session per folder (see the module docstring)."""
-
-    def __init__(self, directory: Path, owner: Any):
-        self.path = directory / "session.lock"
-        key = str(self.path.resolve())
-        earlier = _holders.get(key)
-        if earlier is not None and earlier is not owner:
-            if any(not run.done for run in earlier.runs):
-                raise FolderLocked(
-                    f"another Session of this process trains in {directory} right now; stop "
-                    "it first (run.stop(), then session.close()), or use another folder")
-            warnings.warn(
-                f"another Session of this process had {directory} open and ran nothing; it is "
-                "closed now, since one Session writes a folder (using it raises SessionClosed). "
-                "Close a Session you are done with (session.close()), or give each its own "
-                "folder", RuntimeWarning, stacklevel=3)
-            earlier.close()  # a notebook cell run again: the old Session is done with
-        self._take(directory)
-        _holders[key] = owner
-        self._key = key
-        self._owner = weakref.ref(owner)
-
-    def _take(self, directory: Path) -> None:
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = _read_owner(self.path)
-                if owner is not None and _alive(owner):
-                    since = time.strftime("%Y-%m-%d %H:%M:%S",
-                                          time.localtime(owner.get("since", 0)))
-                    raise FolderLocked(
-                        f"{directory} is in use by a Session of pid {owner.get('pid')} on host "
-                        f"{owner.get('host')} (since {since}); close it there "
-                        "(session.close()) or use another folder. If that process is gone, "
-                        f"delete {self.path}") from None
-                self._remove()  # its owner is gone: take it over
-                continue
-            except OSError as error:  # a read-only folder, no permission
-                raise FolderNotWritable(directory, error) from None
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(me, f)
-            except OSError as error:  # a full disk
-                raise FolderNotWritable(directory, error) from None
-            return
-        raise FolderLocked(f"could not take {self.path}: another process keeps creating it")
-
-    def release(self) -> None:
-        """Remove the lock if this process holds it; never raises (a lock that cannot be removed,
-        on a folder gone read-only, is taken over later: its owner will be gone)."""
-        owner = _read_owner(self.path)
-        if owner is not None and owner.get("pid") == os.getpid() and \
-                owner.get("host") == socket.gethostname():
-            with contextlib.suppress(OSError):
-                self.path.unlink(missing_ok=True)
-        if _holders.get(self._key) is self._owner():
-            _holders.pop(self._key, None)
-
-    def _remove(self) -> None:
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError as error:
-            raise FolderNotWritable(self.path.parent, error) from None
-
-
-def _read_owner(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(owner: Mapping[str, Any]) -> bool:
-    """Whether the lock's owner may still be running (another host's process: assume so)."""
-    if owner.get("host") != socket.gethostname():
-        return True
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
-        return False  # this process took it in a Session that is gone (collected)
-    alive = pid_alive(pid)
-    if alive is None:  # cannot be asked here: assume the owner still runs
-        return True
-    return alive and not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

@@ -35,8 +35,9 @@ from .dataflow.flow import Dataflow
 from .dataflow.stall import STALL_SECONDS
 from .engines import HFEngine
 from .environments.base import Environment
-from .errors import FolderNotWritable, SessionClosed
+from .errors import SessionClosed
 from .evaluation import RoleEvaluation, check_evaluation
+from .folder import FolderLock
 from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
 from .recorder import Recorder
@@ -46,7 +47,7 @@ from .remote.process import ProcessPublisher, ProcessTrainer
 from .remote.scaling import Autoscaler
 from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
-from .resuming import FolderLock, also_on_the_class
+from .resuming import also_on_the_class
 from .run import Run
 from .trackers import Tracker
 from .trackers import resolve as resolve_trackers
@@ -98,11 +99,7 @@ class Session:
     ):
         self.directory = Path(directory)
         self._closed = False
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise FolderNotWritable(self.directory, error) from None
-        self._lock = FolderLock(self.directory, self)  # one live Session per folder
+        self._lock = FolderLock(self.directory, self)  # creates it; one live Session per folder
         self.device = device
         self.policies: dict[str, Policy] = {}
         self._recipes: dict[str, dict[str, Any]] = {}  # Session.policy's options, for plan.json
@@ -577,10 +574,7 @@ class Session:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionClosed(
-                f"this Session on {self.directory} was closed (session.close(), or a newer "
-                "Session of this process took its folder); its policies and engines are gone. "
-                f"Open a new one: ab.Session({str(self.directory)!r})")
+            raise SessionClosed(self.directory)
 
     @property
     def closed(self) -> bool:

@@ -33,7 +33,7 @@ from astranb.checkpoint import (
     verify,
 )
 from astranb.errors import FolderNotWritable, SessionClosed
-from astranb.resuming import FolderLocked
+from astranb.folder import FolderLocked
 from astranb.weights.codec import checksum
 
 STEPS = 30
