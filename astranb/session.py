@@ -43,7 +43,7 @@ from .policy import Policy
 from .recorder import Recorder
 from .remote.client import TrainerClient
 from .remote.pool import RolloutPool, ServicesPublisher
-from .remote.process import ProcessPublisher, ProcessTrainer
+from .remote.process import ProcessPublisher, ProcessTrainer, default_trainer
 from .remote.scaling import Autoscaler
 from .remote.serialize import spec_to_wire
 from .remote.trainer import RemoteTrainer
@@ -116,7 +116,7 @@ class Session:
                                  transport=transport) if urls else None
         self._trainer = None
         if trainer is None and not urls:
-            trainer = _default_trainer(device)
+            trainer = default_trainer(device)
         if trainer not in (None, "thread", "process") and not str(trainer).startswith(
                 ("http://", "https://")):
             raise ValueError(f"trainer={trainer!r}: use 'thread', 'process', or the URL of a "
@@ -591,14 +591,4 @@ class Session:
             # during threading shutdown, before threads are joined (see _loopthread)
             track(self)
         return self._portal
-
-
-def _default_trainer(device: str) -> str:
-    chosen = os.environ.get("ASTRANB_TRAINER")
-    if chosen:
-        if chosen not in ("thread", "process"):
-            raise ValueError(f"ASTRANB_TRAINER={chosen!r}: use 'thread' or 'process'")
-        return chosen
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return "process" if str(device) == "cpu" and (cores or 1) >= 2 else "thread"
 

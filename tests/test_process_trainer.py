@@ -115,19 +115,19 @@ def test_a_session_trains_in_a_child_and_the_engine_holds_its_weights(tmp_path):
 
 
 def test_the_default_trainer_follows_the_machine_and_the_environment(tmp_path, monkeypatch):
-    from astranb.session import _default_trainer
+    from astranb.remote.process import default_trainer
 
     monkeypatch.setenv("ASTRANB_TRAINER", "process")
-    assert _default_trainer("cpu") == "process"
+    assert default_trainer("cpu") == "process"
     monkeypatch.setenv("ASTRANB_TRAINER", "threads")
     with pytest.raises(ValueError, match="ASTRANB_TRAINER='threads'"):
-        _default_trainer("cpu")
+        default_trainer("cpu")
     monkeypatch.delenv("ASTRANB_TRAINER")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert _default_trainer("cpu") == "thread"  # one core: nothing to overlap
+    assert default_trainer("cpu") == "thread"  # one core: nothing to overlap
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert _default_trainer("cpu") == "process"
-    assert _default_trainer("cuda") == "thread"
+    assert default_trainer("cpu") == "process"
+    assert default_trainer("cuda") == "thread"
     with pytest.raises(ValueError, match="trainer='elsewhere'"):
         ab.Session(tmp_path / "x", trainer="elsewhere")
 

@@ -53,7 +53,7 @@ from ..weights.publish import apply_to_engine, deliver, transfer_metrics
 from ..weights.store import PublishStats
 from .serialize import batch_from_bytes, batch_to_bytes, spec_from_wire, spec_to_wire
 
-__all__ = ["ProcessTrainer", "ProcessPublisher", "TrainerProcessError"]
+__all__ = ["ProcessTrainer", "ProcessPublisher", "TrainerProcessError", "default_trainer"]
 
 _FRAME = struct.Struct("<IQ")
 
@@ -421,3 +421,14 @@ def main() -> int:
         _write(wire_out, answer, payload)
     return 0
 
+
+def default_trainer(device: str) -> str:
+    """Session's `trainer=` when not given: $ASTRANB_TRAINER, else "process" on a CPU with at
+    least 2 cores (see the module docstring) and "thread" otherwise."""
+    chosen = os.environ.get("ASTRANB_TRAINER")
+    if chosen:
+        if chosen not in ("thread", "process"):
+            raise ValueError(f"ASTRANB_TRAINER={chosen!r}: use 'thread' or 'process'")
+        return chosen
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return "process" if str(device) == "cpu" and (cores or 1) >= 2 else "thread"
