@@ -48,26 +48,26 @@ agents: setup
 env-training: setup
 	$(BIN)/python bench/env_training.py --env agentbench --env code
 
+# $(call apt_install,COMMAND,PACKAGE,NOTE): Debian's PACKAGE unless COMMAND is there already,
+# with apt as root or passwordless sudo; otherwise it only prints NOTE.
+define apt_install
+@command -v $(1) >/dev/null 2>&1 || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
+  else echo "note: $(2) is not installed and apt needs root; $(3)"; fi; }
+endef
+
 # Debian's bubblewrap, the code sandbox's outer layer (astranb_code.sandbox). Without apt as root
 # (or passwordless sudo) it only says so, and the sandbox warns that it runs without it.
 bubblewrap:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
-	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
-	  else echo "note: bubblewrap is not installed and apt needs root; the code sandbox runs" \
-	    "without it (weaker: see README)"; fi; }
+	$(call apt_install,bwrap,bubblewrap,the code sandbox runs without it (weaker: see README))
 
 # Debian's chromium for the real-browser test (never a downloaded browser build). Without apt
 # as root (or passwordless sudo) it only says so, and that test skips.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "note: chromium is not installed and apt needs root; the browser test will skip"; fi; }
+	$(call apt_install,chromium,chromium,the browser test will skip)
 
 # The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
 # Two pytest workers, a test file each at a time (most tests wait on child processes); the
