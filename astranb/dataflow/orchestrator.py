@@ -147,11 +147,6 @@ class Source:
         self.drawn += 1
         return self.drawn - 1, sample
 
-    def next_sample(self) -> Mapping[str, Any] | None:
-        """The next sample (`draw` without its position)."""
-        drawn = self.draw()
-        return None if drawn is None else drawn[1]
-
 
 class Orchestrator:
     """Plays episodes of the wired environments.
