@@ -11,7 +11,8 @@ Two processes per job, and the tests live in only one of them:
   - the judge (`_judge.py`) runs beside it, outside the sandbox, in its own session, with its
     own resource limits, not dumpable: it executes the tests, and each call the tests make to
     the program's functions crosses to the program as plain data and back as plain data
-    (`_wire`: None, bool, int, float, str, bytes, list, tuple, dict, set, by exact type);
+    (`_wire`: None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset, by
+    exact type);
   - the verdicts come to this process over a pipe only the judge holds, each line with the
     job's random token (given to the judge on its stdin, written and closed before the program
     starts); nothing the program writes (its answers, its stdout, its exit code) is read as a
