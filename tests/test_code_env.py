@@ -308,3 +308,24 @@ def test_bad_data_is_refused_when_the_environment_is_built():
 def test_both_environments_load_by_name():
     assert isinstance(ab.environments.load("code", data=TASKS), Code)
     assert ab.environments.load("code_verifier", data=TASKS).roles == ("coder", "verifier")
+
+
+def test_a_judge_that_cannot_start_leaves_no_pipe_open(monkeypatch):
+    """The program's two pipe ends are closed also when the judge process cannot be started
+    (no memory, too many processes): a pool that retries would otherwise run out of files."""
+    from astranb_code import _contain, harness
+
+    class NoJob:
+        def launch(self, *args, **kwargs):
+            raise AssertionError("no job starts without its judge")
+
+    def refuse(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(_contain, "popen", refuse)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError, match="temporarily unavailable"):
+            harness.run_tests(NoJob(), ADD, ["assert add(1, 2) == 3"], setup="",
+                              entry_point="add", count="tests", limits=Limits())
+    assert sorted(os.listdir("/proc/self/fd")) == before

@@ -71,17 +71,18 @@ def run_tests(sandbox: Sandbox, program: str, tests: list[str], *, setup: str,
     started = time.monotonic()
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
-    judge = _Judge({"setup": setup, "tests": tests, "entry_point": entry_point, "count": count,
-                    "seconds": limits.wall_seconds, "answer_bytes": ANSWER_BYTES,
-                    "token": secrets.token_hex(16)},
-                   request_w, answer_r)  # starts while the sandbox sets the job up
     files = {**SERVER_FILES, "program.py": program, "setup.py": setup}
-    try:
-        job = sandbox.launch(files, ["_runner.py", str(request_r), str(answer_w)],
-                             limits=limits, pass_fds=(request_r, answer_w))
-    except BaseException:
-        judge.finish(0)
-        raise
+    try:  # the program's pipe ends are closed here once the job has them, or on any failure
+        judge = _Judge({"setup": setup, "tests": tests, "entry_point": entry_point,
+                        "count": count, "seconds": limits.wall_seconds,
+                        "answer_bytes": ANSWER_BYTES, "token": secrets.token_hex(16)},
+                       request_w, answer_r)  # starts while the sandbox sets the job up
+        try:
+            job = sandbox.launch(files, ["_runner.py", str(request_r), str(answer_w)],
+                                 limits=limits, pass_fds=(request_r, answer_w))
+        except BaseException:
+            judge.finish(0)
+            raise
     finally:
         os.close(request_r)
         os.close(answer_w)
