@@ -369,21 +369,22 @@ def set_aside_episodes(directory: Path, keep: Callable[[dict[str, Any]], bool]) 
     blobs: list[tuple[bytes, int]] = []  # the new record's frames and their episode counts
     moved: list[bytes] = []
     changed = False
-    for frame in frames:
-        lines = reader.lines(frame)
-        kept = [line for line in lines if keep(json.loads(line))]
-        moved += [line + b"\n" for line in lines if not keep(json.loads(line))]
-        changed = changed or len(kept) != len(lines)
-        if kept and not changed:
-            with open(directory / DATA_FILE, "rb") as f:
-                f.seek(frame.offset)
-                blobs.append((f.read(frame.length), len(kept)))
-        elif kept:
-            blobs.append((encode_frame([line + b"\n" for line in kept]), len(kept)))
+    with open(directory / DATA_FILE, "rb") as record:
+        for frame in frames:
+            lines = reader.lines(frame)
+            kept: list[bytes] = []
+            for line in lines:  # each line parsed once: the record may hold many episodes
+                (kept if keep(json.loads(line)) else moved).append(line)
+            changed = changed or len(kept) != len(lines)
+            if kept and not changed:
+                record.seek(frame.offset)
+                blobs.append((record.read(frame.length), len(kept)))
+            elif kept:
+                blobs.append((encode_frame([line + b"\n" for line in kept]), len(kept)))
     if not moved:
         return 0
     with open(directory / DISCARDED_FILE, "ab") as f:
-        f.write(encode_frame(moved))
+        f.write(encode_frame([line + b"\n" for line in moved]))
         f.flush()
         os.fsync(f.fileno())
     (directory / INDEX_FILE).unlink(missing_ok=True)
