@@ -294,9 +294,7 @@ def kill_user(uid: int) -> None:
         pids = processes_of(uid)
         if not pids:
             return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_pids(pids)
         time.sleep(0.002)
     raise ContainError(f"the processes of sandbox uid {uid} outlived 500 SIGKILL rounds")
 
