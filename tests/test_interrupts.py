@@ -163,6 +163,7 @@ def test_the_kernels_stop_button_during_await_run_leaves_the_run_going(tmp_path)
                 time.sleep(0.02)
             print(run.status, run.progress[0] - at)
             """))
+        assert content["status"] == "ok", (content, printed)
         status, steps = printed.split()
         assert status == "running" and int(steps) >= 2, printed  # the kernel works, the run too
         content, printed = _execute(client, "run.stop()\nawait run\nprint(run.status)")
@@ -201,30 +202,19 @@ def _astranb_run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
                             text=True, start_new_session=True)
 
 
-def _ctrl_c_when(proc: subprocess.Popen, ready, what: str) -> str:
-    """Once `ready()`, press Ctrl-C in the terminal `astranb run` runs in (SIGINT to its whole
-    group) and return its stderr when it has ended; killed if it is still there after that."""
-    try:
-        _wait_until(ready, HANG, what)
-        os.killpg(proc.pid, signal.SIGINT)
-        return proc.communicate(timeout=60)[1]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
 @pytest.mark.slow  # a real kernel, training
 def test_ctrl_c_stops_astranb_run_cleanly_and_leaves_no_process(tmp_path):
     _training_notebook(tmp_path)
     proc = _astranb_run("train.ipynb", "-o", "out", cwd=tmp_path)
-    started: list[psutil.Process] = []  # kernel, trainer: seen once a step is done
-
-    def trained_once() -> bool:
-        if _first_step(tmp_path):
-            started.extend(psutil.Process(proc.pid).children(recursive=True))
-        return bool(started)
-
-    err = _ctrl_c_when(proc, trained_once, "no training step")
-    assert any("_trainer_child" in " ".join(p.cmdline()) for p in started)
+    try:
+        _wait_until(lambda: _first_step(tmp_path), HANG, "no training step")
+        started = psutil.Process(proc.pid).children(recursive=True)  # kernel, trainer
+        assert any("_trainer_child" in " ".join(p.cmdline()) for p in started)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal it runs in
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err
     assert "stopped by Ctrl-C in cell In [2]" in err, err
     assert "Traceback" not in err, err
@@ -250,7 +240,13 @@ def test_after_ctrl_c_no_further_cell_runs_even_when_the_cell_catches_it(tmp_pat
                                        "language": "python"}
     nbformat.write(notebook, tmp_path / "catch.ipynb")
     proc = _astranb_run("catch.ipynb", "-o", "out", cwd=tmp_path)
-    err = _ctrl_c_when(proc, lambda: (tmp_path / "started").exists(), "the cell did not start")
+    try:
+        _wait_until(lambda: (tmp_path / "started").exists(), HANG, "the cell did not start")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err
     assert "stopped by Ctrl-C after cell In [1]" in err, err
     code = [cell for cell in nbformat.read(tmp_path / "out" / "catch.ipynb", as_version=4).cells
