@@ -8,6 +8,7 @@ with SIGKILL. Each script runs in a session of its own, so no signal reaches pyt
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import shutil
@@ -122,16 +123,26 @@ def test_sigint_to_a_scripts_process_group_stops_the_waiting_not_the_run(tmp_pat
 
 # -- (a) the kernel's stop button -----------------------------------------------------------------
 
-def _execute(client, code: str) -> tuple[dict, str]:
-    """Run `code` in the kernel; (its reply's content, its printed text)."""
+def _execute(client, code: str, value: str | None = None) -> tuple[dict, str]:
+    """Run `code` in the kernel; (its reply's content, its printed text), or with `value` (an
+    expression) that expression's str() read from the reply itself instead of the printed text:
+    the reply always names its request, while ipykernel may file a cell's output under the
+    interrupted cell before it."""
     printed: list[str] = []
 
     def keep(message):
         if message["msg_type"] == "stream":
             printed.append(message["content"]["text"])
 
-    reply = client.execute_interactive(code, timeout=HANG, output_hook=keep)
-    return reply["content"], "".join(printed)
+    expressions = {"value": f"str({value})"} if value else {}
+    reply = client.execute_interactive(code, timeout=HANG, output_hook=keep,
+                                       user_expressions=expressions)
+    content = reply["content"]
+    if value and content["status"] == "ok":
+        shown = content["user_expressions"]["value"]
+        assert shown["status"] == "ok", shown
+        return content, ast.literal_eval(shown["data"]["text/plain"])
+    return content, "".join(printed)
 
 
 @pytest.mark.slow  # a real kernel
@@ -161,16 +172,15 @@ def test_the_kernels_stop_button_during_await_run_leaves_the_run_going(tmp_path)
             while run.progress[0] < at + 2 and run.status == "running" \\
                     and time.monotonic() < deadline:
                 time.sleep(0.02)
-            print(run.status, run.progress[0] - at)
-            """))
+            """), value="f'{run.status} {run.progress[0] - at}'")
         assert content["status"] == "ok", (content, printed)
         status, steps = printed.split()
         assert status == "running" and int(steps) >= 2, printed  # the kernel works, the run too
-        content, printed = _execute(client, "run.stop()\nawait run\nprint(run.status)")
+        content, printed = _execute(client, "run.stop()\nawait run", value="run.status")
         assert printed.strip() == "stopped", (content, printed)
         content, printed = _execute(client, "again = session.train(steps=2, batch_size=8, "
-                                            "group_size=4, max_staleness=1)\nawait again\n"
-                                            "print(again.status)")
+                                            "group_size=4, max_staleness=1)\nawait again",
+                                    value="again.status")
         assert printed.strip() == "finished", (content, printed)
     finally:
         client.stop_channels()
