@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import chat, data, environments, models, trackers, weights
+from . import chat, data, environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
 from .contracts import Engine, Publisher, Trainer
 from .data import DataSource
@@ -37,12 +37,13 @@ from .errors import (
     TrainerRolledBack,
 )
 from .evaluation import RoleEvaluation
-from .history import compare, runs
-from .policy import Policy
-from .recorder import Episode
-from .run import Run, RunRecord, open_run
-from .session import Session
-from .training.local import AdamW, AdamWConfig, LocalTrainer
+from .session import trackers
+from .session.history import compare, runs
+from .session.policy import Policy
+from .session.recorder import Episode
+from .session.run import Run, RunRecord, open_run
+from .session.session import Session
+from .training.local import AdamWConfig, LocalTrainer
 from .types import (
     Generation,
     GenerationRequest,
@@ -83,7 +84,6 @@ __all__ = [
     "M2PO",
     "Algorithm",
     "AdamWConfig",
-    "AdamW",
     "SamplingParams",
     "GenerationRequest",
     "Generation",

@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .cli import _cell_label, _check_parameters, _import_papermill, parse_value
-from .history import RENAMED, find_run_folders, read_run_folder
-from .runinfo import write_json
+from .session.history import RENAMED, find_run_folders, read_run_folder
+from .session.report import write_json
 
 if TYPE_CHECKING:
     import pandas

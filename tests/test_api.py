@@ -11,7 +11,7 @@ def test_exported_names():
     assert sorted(ab.__all__) == sorted([
         "Session", "Policy", "Environment", "EpisodeContext", "play_episode", "Trainer", "Engine",
         "Publisher", "LocalTrainer", "Run", "RunConfig", "Episode", "EpisodeDebugger", "debug",
-        "GRPO", "M2PO", "Algorithm", "AdamWConfig", "AdamW", "SamplingParams",
+        "GRPO", "M2PO", "Algorithm", "AdamWConfig", "SamplingParams",
         "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory", "WeightUpdate",
         "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "ReplayError", "ServiceError",
         "NoTrainableTokens", "SamplesRanOut",
@@ -75,7 +75,7 @@ def test_core_never_imports_widget_libraries():
     import sys
 
     # a fresh interpreter: other tests in this process may have loaded the widgets on purpose
-    code = ("import astranb, astranb.wiring, sys; "
+    code = ("import astranb, astranb.session.wiring, sys; "
             "assert 'ipywidgets' not in sys.modules and 'plotly' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -89,14 +89,3 @@ def test_errors_share_one_base_and_keep_their_builtin_bases():
         assert issubclass(error, ab.AstranbError) and issubclass(error, RuntimeError), error
 
 
-def test_renamed_names_still_work_for_one_release_with_a_warning():
-    import pytest
-
-    with pytest.warns(DeprecationWarning, match="AdamWConfig"):
-        old = ab.AdamW(lr=0.01)
-    assert isinstance(old, ab.AdamWConfig) and old.lr == 0.01
-    with pytest.warns(DeprecationWarning, match="astranb.notebook.widgets"):
-        from astranb.widgets import debugger_widget
-    from astranb.notebook.widgets import debugger_widget as new
-
-    assert debugger_widget is new

@@ -288,7 +288,7 @@ def test_chat_episodes_on_rollout_services_keep_tokens_versions_and_tool_calls(t
 
 
 def test_the_debugger_shows_chat_turns_tool_calls_and_masks(tokenizer):
-    from astranb.recorder import Episode
+    from astranb.session.recorder import Episode
 
     engine = ScriptedEngine(tokenizer, [CALL.format("add", 2, 3), CALL.format("mul", 5, 4), "20"])
     traj = _play(ToolConversation(), engine, tokenizer)

@@ -20,7 +20,7 @@ from astranb.evaluation import (
     pass_at_k,
     summarize,
 )
-from astranb.recorder import Recorder
+from astranb.session.recorder import Recorder
 from astranb.types import Generation, SamplingParams, Trajectory, Turn
 
 # -- pass@k and avg@k ------------------------------------------------------------------------------
@@ -345,7 +345,7 @@ class Logged(Recorder):
 
 def test_rows_count_truncated_episodes_counts_and_the_sample_epoch(tmp_path, monkeypatch):
     Logged.log = []
-    monkeypatch.setattr("astranb.session.Recorder", Logged)
+    monkeypatch.setattr("astranb.session.session.Recorder", Logged)
     session, _ = make_session(tmp_path, CutShort())
     with session:
         run = session.train(steps=3, batch_size=8, group_size=4).wait(progress=False)

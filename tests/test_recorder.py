@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from astranb.recorder import Recorder
+from astranb.session.recorder import Recorder
 
 
 def strict_loads(line: str):

@@ -13,9 +13,8 @@ import pytest
 import zstandard
 
 import astranb as ab
-from astranb import records
-from astranb.recorder import EpisodeLog, Recorder
-from astranb.records import (
+from astranb.session import episodes as records
+from astranb.session.episodes import (
     DATA_FILE,
     INDEX_FILE,
     DamagedRecord,
@@ -24,6 +23,7 @@ from astranb.records import (
     load_frames,
     reservoir_slot,
 )
+from astranb.session.recorder import EpisodeLog, Recorder
 from astranb.types import Generation, SamplingParams, Trajectory, Turn
 
 
@@ -292,22 +292,6 @@ def test_a_frame_written_but_not_indexed_is_still_found(tmp_path, new):
     (tmp_path / INDEX_FILE).unlink()                       # or the index is lost altogether
     assert kept_samples(EpisodeLog(tmp_path)) == list(range(6))
 
-
-def test_old_folders_with_episodes_jsonl_are_read(tmp_path, new):
-    recorder = new(tmp_path / "new", record="all")
-    play(recorder, [traj(i, error=i == 2) for i in range(5)])
-    recorder.close()
-    episodes = list(recorder.episodes)
-    old = tmp_path / "old"
-    old.mkdir()
-    lines = [json.dumps(e.to_json()) for e in episodes]
-    (old / "episodes.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:30])  # torn tail
-    (old / "metrics.jsonl").write_text(json.dumps({"step": 0, "policy": "solver"}) + "\n")
-    log = EpisodeLog(old)
-    assert len(log) == 5
-    assert [e.to_json() for e in log] == [e.to_json() for e in episodes]
-    assert log[-1].to_json() == episodes[-1].to_json() and log[2].error
-    assert ab.open_run(old).episodes[1].to_json() == episodes[1].to_json()
 
 
 def test_selection_takes_its_pool_in_completion_order():

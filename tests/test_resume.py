@@ -24,7 +24,8 @@ import zstandard
 from safetensors.torch import load_file
 
 import astranb as ab
-from astranb.checkpoint import (
+from astranb.errors import FolderNotWritable, SessionClosed
+from astranb.session.checkpoint import (
     CheckpointError,
     NoCheckpoint,
     latest_good,
@@ -32,8 +33,7 @@ from astranb.checkpoint import (
     set_aside_rows,
     verify,
 )
-from astranb.errors import FolderNotWritable, SessionClosed
-from astranb.folder import FolderLocked
+from astranb.session.folder import FolderLocked
 from astranb.weights.codec import checksum
 
 STEPS = 30
@@ -120,7 +120,7 @@ def _zstd_lines(path: Path) -> list[bytes]:
 
 
 def _episodes(run_dir: Path) -> list[dict]:
-    from astranb.recorder import EpisodeLog
+    from astranb.session.recorder import EpisodeLog
 
     return [e.to_json() for e in EpisodeLog(run_dir)]
 
@@ -383,7 +383,7 @@ def _fake_checkpoint(root: Path, version: int) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from astranb.checkpoint import write_checkpoint
+    from astranb.session.checkpoint import write_checkpoint
 
     def save(directory: Path) -> None:
         directory.mkdir(parents=True)
@@ -487,8 +487,8 @@ def test_a_read_only_folder_gets_a_clear_error_and_close_does_not_raise(tmp_path
 
 
 def test_set_aside_episodes_moves_the_refused_ones_and_keeps_the_record_readable(tmp_path):
-    from astranb.recorder import EpisodeLog
-    from astranb.records import FrameWriter, set_aside_episodes
+    from astranb.session.episodes import FrameWriter, set_aside_episodes
+    from astranb.session.recorder import EpisodeLog
 
     def line(index: int, sample: str) -> bytes:
         episode = ab.Episode(index, 0, {}, (), {"a": 1.0}, None, 0, sample_id=sample)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("trio", reason="the simulator's virtual clock is trio's MockClock")
 
 from astranb import sim  # noqa: E402
-from astranb.recorder import EpisodeLog  # noqa: E402
+from astranb.session.recorder import EpisodeLog  # noqa: E402
 from astranb.sim import Lengths, RolloutCosts, SimConfig, TrainCosts, Workload  # noqa: E402
 
 

@@ -23,8 +23,8 @@ from astranb_textcraft import (
 import astranb as ab
 from astranb.dataflow.batcher import build_batch
 from astranb.dataflow.buffer import Group
-from astranb.recorder import Episode
 from astranb.remote.serialize import trajectory_from_wire, trajectory_to_wire
+from astranb.session.recorder import Episode
 from tests.test_math_env import TOKENIZER
 
 

@@ -1,4 +1,4 @@
-"""Experiment trackers (astranb.trackers): what a run streams to TensorBoard, W&B and MLflow.
+"""Experiment trackers (astranb.session.trackers): what a run streams to TensorBoard, W&B, MLflow.
 
 The tracker files are read back with each tool's own reader (TensorBoard's EventAccumulator,
 W&B's transaction log of an offline run, MLflow's client on a file store) and compared with
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import astranb as ab
-from astranb.trackers import (
+from astranb.session.trackers import (
     Trackers,
     _wandb_log_ended,
     evaluation_scalars,

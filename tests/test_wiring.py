@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import astranb as ab
-from astranb.wiring import parse
+from astranb.session.wiring import parse
 
 from .envs import CountA, TwoRoles
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .display import cell_number, publish
 
 if TYPE_CHECKING:
-    from ..run import Run
+    from ..session.run import Run
 
 __all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View",
            "StaticDashboard", "TextDashboard", "open_dashboard"]

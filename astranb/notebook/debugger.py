@@ -31,8 +31,8 @@ from anyio.from_thread import start_blocking_portal
 from .. import environments
 from ..environments.base import Environment
 from ..environments.play import play_episode
-from ..policy import Policy
-from ..recorder import Episode
+from ..session.policy import Policy
+from ..session.recorder import Episode
 from ..types import agent_depth, jsonable
 from . import viewer
 from .display import cell_number, display_mode, in_kernel, publish

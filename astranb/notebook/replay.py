@@ -26,8 +26,8 @@ from ..errors import ReplayError
 from ..types import Generation, SamplingParams, Turn
 
 if TYPE_CHECKING:
-    from ..policy import Policy
-    from ..recorder import Episode
+    from ..session.policy import Policy
+    from ..session.recorder import Episode
 
 __all__ = ["ReplayContext", "Replayed", "ReplayError", "replay", "encode"]
 

@@ -37,8 +37,8 @@ from ..dataflow.config import RunConfig
 from ..dataflow.flow import Dataflow
 from ..dataflow.orchestrator import Source
 from ..models import ModelSpec
-from ..policy import Policy
-from ..recorder import Recorder
+from ..session.policy import Policy
+from ..session.recorder import Recorder
 from ..training.local import AdamWConfig
 from .autoscale import Autoscale, Scaling
 from .costs import (

@@ -52,7 +52,7 @@ from ..algorithms import GRPO
 from ..dataflow.config import RunConfig
 from ..dataflow.flow import Dataflow
 from ..dataflow.orchestrator import Source
-from ..recorder import Recorder
+from ..session.recorder import Recorder
 from .costs import RolloutCosts, TrainCosts, Workload, ideal_episode_seconds
 from .engine import GpuPool, SimEngine
 from .environment import SolverVerifier

@@ -21,7 +21,7 @@ import anyio
 from ..algorithms import GRPO
 from ..contracts import Trainer
 from ..models import ModelSpec
-from ..policy import Policy
+from ..session.policy import Policy
 from ..training.local import AdamWConfig
 from ..types import Batch
 from .costs import TrainCosts

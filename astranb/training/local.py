@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from ..types import Batch
 
 __all__ = [
     "AdamWConfig",
-    "AdamW",
     "LocalTrainer",
     "token_logprobs",
     "logp_gap",
@@ -63,16 +61,6 @@ class AdamWConfig:
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
 
-
-@dataclass(frozen=True)
-class AdamW(AdamWConfig):
-    """Deprecated name of `AdamWConfig` (kept for one release)."""
-
-    def __post_init__(self) -> None:
-        warnings.warn("astranb.AdamW is now astranb.AdamWConfig (it no longer shadows "
-                      "torch.optim.AdamW); the old name goes away in the next release",
-                      DeprecationWarning, stacklevel=3)
-        super().__post_init__()
 
 
 def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from ..dashboard import Throttle, View
 from ..display import cell_number
 
 if TYPE_CHECKING:
-    from ...run import Run
+    from ...session.run import Run
 
 __all__ = ["LiveDashboard"]
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from ...environments.base import Environment
-from ...wiring import EnvironmentView, graph_html, problems_html
+from ...session.wiring import EnvironmentView, graph_html, problems_html
 
 if TYPE_CHECKING:
-    from ...session import Session
+    from ...session.session import Session
 
 __all__ = ["WiringWidget", "wiring_widget"]
 

@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._heap import hold_frozen
+from .._heap import hold_frozen
+from ..contracts import Checkpointable
+from ..dataflow.config import RunConfig
+from ..dataflow.flow import Dataflow, HeldOut
+from ..dataflow.ledger import parse_sample_id
+from ..dataflow.orchestrator import Source
 from .checkpoint import write_checkpoint
-from .contracts import Checkpointable
-from .dataflow.config import RunConfig
-from .dataflow.flow import Dataflow, HeldOut
-from .dataflow.ledger import parse_sample_id
-from .dataflow.orchestrator import Source
 from .recorder import Recorder
+from .report import RunInfo
 from .run import Run
-from .runinfo import RunInfo
 from .trackers import Tracker, Trackers, run_hyperparameters
 
 if TYPE_CHECKING:
-    from .environments.base import Environment
+    from ..environments.base import Environment
     from .policy import Policy
     from .session import Session
 

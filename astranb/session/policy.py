@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import torch
 
-from .algorithms import Algorithm
-from .contracts import Engine, Publisher, Trainer
-from .models import ModelSpec
-from .training.local import AdamWConfig
-from .training.sft import Demonstration, sft_batches
-from .types import Batch
+from ..algorithms import Algorithm
+from ..contracts import Engine, Publisher, Trainer
+from ..models import ModelSpec
+from ..training.local import AdamWConfig
+from ..training.sft import Demonstration, sft_batches
+from ..types import Batch
 
 __all__ = ["Policy"]
 
@@ -162,7 +162,7 @@ class Policy:
         }
 
     def _repr_html_(self) -> str:
-        from .notebook.html import card, table
+        from ..notebook.html import card, table
 
         where = "rollout services" if self.remote else "this process"
         rows = list(self.describe().items())

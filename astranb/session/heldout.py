@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .contracts import RemoteEpisodes
-from .dataflow.flow import HeldOut
-from .dataflow.orchestrator import Source, play_heldout
-from .environments.base import Environment
-from .evaluation import RoleEvaluation, evaluate_trajectories, heldout_samples
-from .types import Trajectory
+from ..contracts import RemoteEpisodes
+from ..dataflow.flow import HeldOut
+from ..dataflow.orchestrator import Source, play_heldout
+from ..environments.base import Environment
+from ..evaluation import RoleEvaluation, evaluate_trajectories, heldout_samples
+from ..types import Trajectory
 
 if TYPE_CHECKING:
     from .policy import Policy

@@ -12,9 +12,9 @@ Episodes are many (the 600-step quickstart plays ~156k), so memory and disk stay
 every episode is announced to observers, but only those its record mode keeps ("sample":
 failed and truncated ones plus 8 a step; "all"; "none": failed and truncated ones) are written,
 one zstd frame per metrics row, to `episodes.jsonl.zst` with its index `episodes.index` (format
-and crash behaviour: records.py). Memory holds the last 256 played and the last 256 kept;
+and crash behaviour: episodes.py). Memory holds the last 256 played and the last 256 kept;
 `episodes` is an `EpisodeView` that reads older kept ones back from the folder when asked, and
-`EpisodeLog(folder)` does the same without a recorder (older folders: `episodes.jsonl`).
+`EpisodeLog(folder)` does the same without a recorder.
 """
 
 from __future__ import annotations
@@ -32,24 +32,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
+from ..errors import FolderNotWritable
+from ..types import Trajectory, Turn, agent_depth, jsonable, register_html_view
 from .checkpoint import RecordWriteError
-from .errors import FolderNotWritable
-from .records import (
+from .episodes import (
     DATA_FILE,
-    LEGACY_FILE,
     FrameReader,
     FrameTable,
     FrameWriter,
-    LineTable,
     RecordPolicy,
     Selection,
     load_frames,
 )
-from .types import Trajectory, Turn, agent_depth, jsonable, register_html_view
 
 if TYPE_CHECKING:
-    from .environments.base import Environment
-    from .notebook.debugger import EpisodeDebugger
+    from ..environments.base import Environment
+    from ..notebook.debugger import EpisodeDebugger
     from .policy import Policy
 
 __all__ = ["Episode", "EpisodeLog", "EpisodeView", "Recorder", "turn_record"]
@@ -112,7 +110,7 @@ class Episode:
             **policies: role -> policy; with them `rescore` samples the turns after an edit
                 afresh instead of replaying the recorded completions.
         """
-        from .notebook.debugger import EpisodeDebugger
+        from ..notebook.debugger import EpisodeDebugger
 
         return EpisodeDebugger(self, policies)
 
@@ -304,36 +302,17 @@ class _FrameSource:
         return self._attach(Episode.from_json(json.loads(line)))
 
 
-class _LineSource:
-    def __init__(self, table: LineTable):
-        self._table = table
-
-    def episode(self, position: int) -> Episode:
-        return Episode.from_json(json.loads(self._table.line(position)))
-
-    def episodes(self, start: int, stop: int) -> Iterator[Episode]:
-        return (Episode.from_json(json.loads(line)) for line in self._table.lines(start, stop))
-
-
 class EpisodeLog(EpisodeView):
     """The kept episodes of a run folder, read from disk without a Recorder: what
     `ab.open_run(path).episodes` is. Reads `episodes.jsonl.zst` (its index, and the frames
-    asked for) or, in folders written before it, `episodes.jsonl` (one pass to find the lines);
-    nothing else is loaded until an episode is asked for. Episodes read back know no
+    asked for); nothing else is loaded until an episode is asked for. Episodes read back know no
     environment or tokenizer (`rescore(env=...)` re-scores them). A snapshot: episodes a live
     run keeps later need a new EpisodeLog."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        source: _Source
-        if (self.directory / DATA_FILE).exists() or not (self.directory / LEGACY_FILE).exists():
-            table = FrameTable(load_frames(self.directory))
-            source, length = _FrameSource(table, FrameReader(self.directory / DATA_FILE)), \
-                table.total
-        else:
-            lines = LineTable(self.directory / LEGACY_FILE)
-            source, length = _LineSource(lines), len(lines)
-        super().__init__(source, length)
+        table = FrameTable(load_frames(self.directory))
+        super().__init__(_FrameSource(table, FrameReader(self.directory / DATA_FILE)), table.total)
 
 
 class Recorder:
@@ -341,7 +320,7 @@ class Recorder:
 
     Args:
         directory: the run's folder (metrics.jsonl, events.jsonl and the episode record,
-            `episodes.jsonl.zst` with `episodes.index`, are written there; see records.py).
+            `episodes.jsonl.zst` with `episodes.index`, are written there; see episodes.py).
         decode: token ids -> text, per policy name (to store readable prompts).
         record: which episodes to keep: "sample" (failed and truncated ones plus `per_step`
             others per metrics row), "all" or "none" (failed and truncated ones only).

@@ -27,8 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import environments
-from .algorithms.config import algorithm_from_dict, algorithm_to_dict
+from .. import environments
+from ..algorithms.config import algorithm_from_dict, algorithm_to_dict
+from ..contracts import Checkpointable
+from ..dataflow.config import RunConfig
+from ..models import ModelSpec
+from ..training.local import AdamWConfig
+from ..weights.codec import checksum
 from .checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -39,21 +44,16 @@ from .checkpoint import (
     set_aside_rows,
     write_plan,
 )
-from .contracts import Checkpointable
-from .dataflow.config import RunConfig
-from .evaluating import heldout, positive
+from .episodes import DamagedRecord, set_aside_episodes
 from .folder import FolderLock, FolderLocked  # re-exported: they lived here first
-from .models import ModelSpec
+from .heldout import heldout, positive
+from .launch import decoder, start
 from .recorder import Recorder
-from .records import DamagedRecord, set_aside_episodes
-from .running import decoder, start
 from .trackers import resolve as resolve_trackers
-from .training.local import AdamWConfig
-from .weights.codec import checksum
 
 if TYPE_CHECKING:
-    from .dataflow.flow import HeldOut
-    from .environments.base import Environment
+    from ..dataflow.flow import HeldOut
+    from ..environments.base import Environment
     from .policy import Policy
     from .run import Run
     from .session import Session

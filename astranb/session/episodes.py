@@ -34,8 +34,6 @@ How the kept episodes are stored, in the run's folder:
   after the last one for whole frames (a crash between the two writes loses nothing), and
   stops at the first torn or damaged frame. A damaged frame in the middle fails only the
   episodes in it (`DamagedRecord`).
-- Folders written before this format hold `episodes.jsonl`; `LineTable` reads them the same
-  way (one pass for the line offsets, then one seek per episode).
 
 This module knows bytes and JSON only; `recorder.EpisodeLog` turns lines into Episodes.
 """
@@ -48,28 +46,26 @@ import os
 import random
 import struct
 import threading
-from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import zstandard
 
+from ..errors import AstranbError
 from .checkpoint import atomic_write_bytes
-from .errors import AstranbError
 
 __all__ = [
-    "DATA_FILE", "INDEX_FILE", "LEGACY_FILE", "MODES", "DamagedRecord", "Frame",
-    "FrameReader", "FrameTable", "FrameWriter", "LineTable", "RecordPolicy", "Selection",
+    "DATA_FILE", "INDEX_FILE", "MODES", "DamagedRecord", "Frame",
+    "FrameReader", "FrameTable", "FrameWriter", "RecordPolicy", "Selection",
     "load_frames", "read_jsonl", "reservoir_slot", "set_aside_episodes", "DISCARDED_FILE",
 ]
 
 DATA_FILE = "episodes.jsonl.zst"
 DISCARDED_FILE = "episodes.discarded.jsonl.zst"
 INDEX_FILE = "episodes.index"
-LEGACY_FILE = "episodes.jsonl"
 MODES = ("sample", "all", "none")
 LEVEL = 9  # small frames compress in well under a millisecond even at this level
 _MAGIC = b"ABEPIX1\n"
@@ -395,41 +391,6 @@ def set_aside_episodes(directory: Path, keep: Callable[[dict[str, Any]], bool]) 
         offset += len(blob)
     atomic_write_bytes(directory / INDEX_FILE, _MAGIC + b"".join(index))
     return len(moved)
-
-
-# -- folders written before frames: episodes.jsonl ------------------------------------------------
-class LineTable:
-    """Byte offsets of the complete lines of a JSON-lines file (8 bytes per line in memory), so
-    line i is one seek and one read. A last line without its newline (a torn write) is left
-    out."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.starts = array("Q")
-        line_start = offset = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                at = 0
-                while (nl := chunk.find(b"\n", at)) >= 0:
-                    if offset + nl > line_start:  # an empty line is no record
-                        self.starts.append(line_start)
-                    line_start = offset + nl + 1
-                    at = nl + 1
-                offset += len(chunk)
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def line(self, i: int) -> bytes:
-        with open(self.path, "rb") as f:
-            f.seek(self.starts[i])
-            return f.readline()
-
-    def lines(self, start: int, stop: int) -> Iterator[bytes]:
-        with open(self.path, "rb") as f:
-            for i in range(start, stop):
-                f.seek(self.starts[i])  # a no-op move between adjacent lines
-                yield f.readline()
 
 
 # -- small files -----------------------------------------------------------------------------------

@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .algorithms.config import algorithm_to_dict
+from ..algorithms.config import algorithm_to_dict
+from ..dataflow.config import RunConfig
+from ..types import jsonable
 from .checkpoint import atomic_write_text
-from .dataflow.config import RunConfig
-from .types import jsonable
 
 if TYPE_CHECKING:
-    from .environments.base import Environment
+    from ..environments.base import Environment
     from .policy import Policy
     from .recorder import Recorder
 

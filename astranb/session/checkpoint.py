@@ -55,8 +55,8 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .errors import AstranbError
-from .weights.codec import checksum
+from ..errors import AstranbError
+from ..weights.codec import checksum
 
 __all__ = [
     "CheckpointError",

@@ -27,33 +27,36 @@ from typing import Any, overload
 import torch
 from anyio.from_thread import start_blocking_portal
 
-from . import environments, evaluating, resuming, running
-from .algorithms import GRPO, Algorithm
-from .algorithms.config import algorithm_to_dict
-from .dataflow.config import RunConfig
-from .dataflow.flow import Dataflow
-from .dataflow.stall import STALL_SECONDS
-from .engines import HFEngine
-from .environments.base import Environment
-from .errors import SessionClosed
-from .evaluation import RoleEvaluation, check_evaluation
+from .. import environments
+from ..algorithms import GRPO, Algorithm
+from ..algorithms.config import algorithm_to_dict
+from ..dataflow.config import RunConfig
+from ..dataflow.flow import Dataflow
+from ..dataflow.stall import STALL_SECONDS
+from ..engines import HFEngine
+from ..environments.base import Environment
+from ..errors import SessionClosed
+from ..evaluation import RoleEvaluation, check_evaluation
+from ..models import ModelSpec, dtype_for, resolve
+from ..remote.client import TrainerClient
+from ..remote.pool import RolloutPool, ServicesPublisher
+from ..remote.process import ProcessPublisher, ProcessTrainer, default_trainer
+from ..remote.scaling import Autoscaler
+from ..remote.serialize import spec_to_wire
+from ..remote.trainer import RemoteTrainer
+from ..training.local import AdamWConfig, LocalTrainer
+from ..weights.publish import EnginePublisher, StatePublisher
+from ..weights.store import WeightStore
+from . import heldout as evaluating
+from . import launch as running
+from . import restore as resuming
 from .folder import FolderLock
-from .models import ModelSpec, dtype_for, resolve
 from .policy import Policy
 from .recorder import Recorder
-from .remote.client import TrainerClient
-from .remote.pool import RolloutPool, ServicesPublisher
-from .remote.process import ProcessPublisher, ProcessTrainer, default_trainer
-from .remote.scaling import Autoscaler
-from .remote.serialize import spec_to_wire
-from .remote.trainer import RemoteTrainer
-from .resuming import also_on_the_class
+from .restore import also_on_the_class
 from .run import Run
 from .trackers import Tracker
 from .trackers import resolve as resolve_trackers
-from .training.local import AdamWConfig, LocalTrainer
-from .weights.publish import EnginePublisher, StatePublisher
-from .weights.store import WeightStore
 from .wiring import Wiring
 
 __all__ = ["Session"]
@@ -105,7 +108,7 @@ class Session:
         self._recipes: dict[str, dict[str, Any]] = {}  # Session.policy's options, for plan.json
         self._wiring: list[tuple[Environment, dict[str, Policy], float]] = []
         self._runs: list[Run] = []
-        self._flow: Dataflow | None = None  # the newest run's (running.py)
+        self._flow: Dataflow | None = None  # the newest run's (launch.py)
         self._stack = ExitStack()
         self._portal = None
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
@@ -366,7 +369,7 @@ class Session:
             record_per_step: with record="sample", episodes kept per metrics row besides the
                 failed and truncated ones.
             loggers: experiment trackers that get every metrics row and evaluation window
-                (`astranb.trackers`): "tensorboard", "wandb", "mlflow" (with their defaults)
+                (`astranb.session.trackers`): "tensorboard", "wandb", "mlflow" (with their defaults)
                 or objects such as `ab.trackers.TensorBoard(logdir)`,
                 `ab.trackers.WandB(project=..., mode="offline")`, `ab.trackers.MLflow(...)`.
                 They log from threads of their own and are closed, their files complete, when
@@ -503,7 +506,7 @@ class Session:
         Idempotent. A script that ends without it gets it called at interpreter exit."""
         import time
 
-        from ._loopthread import untrack
+        from .._loopthread import untrack
 
         untrack(self)
         self._closed = True
@@ -541,7 +544,7 @@ class Session:
                 f"environments={envs})")
 
     def _repr_html_(self) -> str:
-        from .notebook.html import card, table
+        from ..notebook.html import card, table
 
         where = ("embedded" if self._pool is None
                  else f"{len(self._pool.members)} rollout service(s)")
@@ -557,14 +560,6 @@ class Session:
                     policies + self.wiring._repr_html_(), "astranb-session")
 
     # -- internals -------------------------------------------------------------------------------
-    def wiring_problems(self) -> list[str]:
-        """Deprecated: use `session.wiring.problems()` (one place for wiring problems)."""
-        import warnings
-
-        warnings.warn("session.wiring_problems() is deprecated; use session.wiring.problems()",
-                      DeprecationWarning, stacklevel=2)
-        return self._blocking_problems()
-
     def _blocking_problems(self) -> list[str]:
         """What stops a run from starting, each with its fix (empty: ready to train)."""
         return running.blocking_problems(self)
@@ -584,7 +579,7 @@ class Session:
     def _loop(self):
         if self._portal is None:
             self._check_open()
-            from ._loopthread import track
+            from .._loopthread import track
 
             self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))
             # a script that ends without close() must not hang at exit: the loop is stopped

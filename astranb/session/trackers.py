@@ -49,12 +49,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .algorithms.config import algorithm_to_dict
+from ..algorithms.config import algorithm_to_dict
 
 if TYPE_CHECKING:
-    from .dataflow.config import RunConfig
-    from .dataflow.flow import HeldOut
-    from .environments.base import Environment
+    from ..dataflow.config import RunConfig
+    from ..dataflow.flow import HeldOut
+    from ..environments.base import Environment
     from .recorder import Recorder
 
 __all__ = [

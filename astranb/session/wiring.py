@@ -23,7 +23,7 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .environments.base import Environment
+from ..environments.base import Environment
 from .policy import Policy
 
 if TYPE_CHECKING:

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .dataflow.config import RunConfig
-from .dataflow.flow import HeldOut
+from ..dataflow.config import RunConfig
+from ..dataflow.flow import HeldOut
+from .episodes import DATA_FILE, read_jsonl
 from .recorder import Episode, EpisodeLog, EpisodeView, Recorder
-from .records import DATA_FILE, LEGACY_FILE, read_jsonl
-from .runinfo import read_info, status_of, summarize
+from .report import read_info, status_of, summarize
 
 if TYPE_CHECKING:
     import pandas
@@ -90,9 +90,9 @@ class Run:
         return event["message"]
 
     @property
-    def done(self) -> _Flag:
+    def done(self) -> bool:
         """Whether the run has ended (finished, stopped or failed)."""
-        return _Flag(self._future.done())
+        return self._future.done()
 
     @property
     def error(self) -> BaseException | None:
@@ -244,8 +244,8 @@ class Run:
         | none) or `mode` overrides the guess. A failing dashboard shows its error and never
         stops training.
         """
-        from .notebook.dashboard import open_dashboard
-        from .notebook.display import MODES, display_mode, in_kernel
+        from ..notebook.dashboard import open_dashboard
+        from ..notebook.display import MODES, display_mode, in_kernel
 
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (or leave it None)")
@@ -337,7 +337,7 @@ class Run:
         return f"Run({self.status}, {done}/{total} steps{held}, dir={str(self.directory)!r})"
 
     def _repr_html_(self) -> str:
-        from .notebook.html import card, table
+        from ..notebook.html import card, table
 
         done, total = self.progress
         rows = self._recorder.rows
@@ -409,7 +409,7 @@ class RunRecord:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        files = ("metrics.jsonl", DATA_FILE, LEGACY_FILE)
+        files = ("metrics.jsonl", DATA_FILE)
         if not any((self.directory / name).exists() for name in files):
             raise FileNotFoundError(
                 f"{self.directory} is not a run folder (it has none of {', '.join(files)}); "
@@ -421,7 +421,7 @@ class RunRecord:
         self.episodes: EpisodeLog = EpisodeLog(self.directory)
         """The kept episodes, in completion order (list-like, read from disk when asked)."""
         self.info: dict[str, Any] = read_info(self.directory) or {}
-        """The folder's run.json (settings, times, summary; see runinfo.py), {} without one."""
+        """The folder's run.json (settings, times, summary; see report.py), {} without one."""
         self.status: str = status_of(self.info) if self.info else "unknown"
         """"finished", "stopped", "failed", "running", "interrupted" (its process died before
         the run ended), or "unknown" (no run.json: a run of an older astranb)."""
@@ -516,32 +516,3 @@ class _Progress:
             self.update()
             self.bar.close()
 
-
-class _Flag:
-    """A bool that can still be called: `run.done` became a property like `run.status`, and
-    code written for the old method (`run.done()`) keeps working for one release, with a
-    DeprecationWarning."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: bool):
-        self._value = bool(value)
-
-    def __bool__(self) -> bool:
-        return self._value
-
-    def __eq__(self, other: object) -> bool:
-        return self._value == other
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __repr__(self) -> str:
-        return repr(self._value)
-
-    def __call__(self) -> bool:
-        import warnings
-
-        warnings.warn("run.done is a property now (like run.status): write `run.done`, "
-                      "not `run.done()`", DeprecationWarning, stacklevel=2)
-        return self._value

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import AstranbError, FolderNotWritable
-from .runinfo import pid_alive
+from ..errors import AstranbError, FolderNotWritable
+from .report import pid_alive
 
 __all__ = ["FolderLock", "FolderLocked"]
 

@@ -3,7 +3,7 @@
 
 Experiments pile up as folders (`<session dir>/run-NNN/`, sweeps of them); the question is
 then which settings did best. Each run says what it was asked for and how it ended in its
-run.json (see runinfo.py), so listing a thousand runs reads a thousand small files: never the
+run.json (see report.py), so listing a thousand runs reads a thousand small files: never the
 episodes, and metrics.jsonl only for runs that have no final summary (still running, or written
 by an older astranb without run.json). A run whose run.json says "running" while its process is
 gone (a killed kernel) is listed as "interrupted".
@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .runinfo import RUN_FILE, read_info, status_of, summarize
+from .report import RUN_FILE, read_info, status_of, summarize
 
 if TYPE_CHECKING:
     import pandas
