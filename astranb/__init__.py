@@ -9,14 +9,13 @@
     await run            # or run.wait() in scripts and papermill
     run.metrics          # one row per (policy, step)
 
-This module is the only import users need. The layers below it (see docs/architecture.md) run
-downward: plain data and contracts, the pure parts, the HTTP client side, the session, then the
-service apps and the notebook UI (`astranb.notebook`, loaded only when something is shown).
+This module is the only import users need, and `__all__` (also what `dir(astranb)` shows) is the
+public API: the names README's "API at a glance" lists. Everything else stays importable by its
+full path (`astranb.dataflow.buffer`, `astranb.session.recorder`, ...). The layers below run
+downward (see docs/architecture.md): plain data and contracts, the pure parts, the HTTP client
+side, the run layer (`astranb.session`), then the service apps and the notebook UI
+(`astranb.notebook`, loaded only when something is shown).
 """
-
-from __future__ import annotations
-
-from typing import Any
 
 from . import chat, data, environments, models, weights
 from .algorithms import GRPO, M2PO, Algorithm
@@ -29,11 +28,13 @@ from .errors import (
     AstranbError,
     EpisodesKeepFailing,
     EpisodeTruncated,
+    FolderNotWritable,
     NoTrainableTokens,
     ReplayError,
     SamplesRanOut,
     ServiceError,
     ServiceUnavailable,
+    SessionClosed,
     TrainerRolledBack,
 )
 from .evaluation import RoleEvaluation
@@ -55,58 +56,26 @@ from .types import (
 )
 from .weights import WeightTransferError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "Session",
-    "Policy",
-    "Environment",
-    "EpisodeContext",
-    "play_episode",
-    "ChatMessage",
-    "ToolOutcome",
-    "DataSource",
-    "RoleEvaluation",
-    "Trainer",
-    "Engine",
-    "Publisher",
-    "LocalTrainer",
-    "Run",
-    "RunConfig",
-    "RunRecord",
-    "open_run",
-    "Episode",
-    "runs",
-    "compare",
-    "EpisodeDebugger",
-    "debug",
-    "GRPO",
-    "M2PO",
-    "Algorithm",
-    "AdamWConfig",
-    "SamplingParams",
-    "GenerationRequest",
-    "Generation",
-    "Turn",
-    "ToolCall",
-    "Trajectory",
+    # sessions and runs
+    "Session", "Policy", "Run", "RunConfig", "RunRecord", "open_run", "runs", "compare",
+    "Episode", "RoleEvaluation",
+    # environments and episodes
+    "Environment", "EpisodeContext", "play_episode", "ChatMessage", "ToolOutcome", "DataSource",
+    "SamplingParams", "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory",
+    # algorithms, training and the contracts
+    "GRPO", "M2PO", "Algorithm", "AdamWConfig", "LocalTrainer", "Trainer", "Engine", "Publisher",
     "WeightUpdate",
-    "AstranbError",
-    "EpisodesKeepFailing",
-    "EpisodeTruncated",
-    "NoTrainableTokens",
-    "SamplesRanOut",
-    "ReplayError",
-    "ServiceError",
-    "ServiceUnavailable",
-    "TrainerRolledBack",
-    "WeightTransferError",
-    "models",
-    "chat",
-    "data",
-    "environments",
-    "weights",
-    "trackers",
+    # debugging (the notebook UI, imported on first use)
+    "debug", "EpisodeDebugger",
+    # errors
+    "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "NoTrainableTokens",
+    "SamplesRanOut", "SessionClosed", "FolderNotWritable", "ReplayError", "ServiceError",
+    "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError",
+    # modules
+    "models", "environments", "chat", "data", "weights", "trackers",
     "__version__",
 ]
 
@@ -115,9 +84,15 @@ __all__ = [
 _LAZY = {"debug": "astranb.notebook.debugger", "EpisodeDebugger": "astranb.notebook.debugger"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'astranb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API only: importing a submodule (`astranb.dataflow`, ...) binds its name on
+    this module too, and those are internals."""
+    return sorted(__all__)

@@ -158,7 +158,7 @@ trajectory = await ab.play_episode(craft_env, {"crafter": oracle}, task)
 print("reward", trajectory.rewards, "turns by agent:",
       {a or "root": sum(t.agent == a for t in trajectory.turns)
        for a in sorted({t.agent for t in trajectory.turns})})
-print(ab.recorder.Episode.from_trajectory(
+print(ab.Episode.from_trajectory(
     trajectory, tokenizers={"oracle": oracle.tokenizer}).render()[:1500])""")
 
 code("""crafter = session.policy("crafter", spec, algorithm=algorithm)
