@@ -84,7 +84,7 @@ class ModelSpec:
         """The spec's dtype as a torch.dtype (None: the device decides, see `dtype_for`)."""
         return None if self.dtype is None else DTYPES[self.dtype]
 
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         """Build (tiny) or load (tiny_chat, local: offline; hf: through the cache) the
         tokenizer."""
         from transformers import AutoTokenizer

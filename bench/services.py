@@ -97,8 +97,9 @@ def episodes_per_second(episodes: int, chunk: int) -> dict[str, float]:
             policy = session.policy("solver", ab.models.tiny(), engine="instant")
             env = ab.environments.load("arithmetic")
             session.wire(env, solver=policy)
-            http_rate = session._loop().call(_drive_pool, session, env, policy, episodes, chunk)
-            accounting = session._pool.accounting()
+            pool = session.context.pool
+            http_rate = session.context.call(_drive_pool, pool, env, policy, episodes, chunk)
+            accounting = pool.accounting()
         local_rate = asyncio.run(_in_process(env, policy, episodes, chunk))
     finally:
         stop(*(p for p, _ in procs))
@@ -106,10 +107,9 @@ def episodes_per_second(episodes: int, chunk: int) -> dict[str, float]:
     return {"http_eps": http_rate, "in_process_eps": local_rate}
 
 
-async def _drive_pool(session, env, policy, episodes: int, chunk: int) -> float:
+async def _drive_pool(pool, env, policy, episodes: int, chunk: int) -> float:
     import anyio
 
-    pool = session._pool
     pool.reset_accounting()
     pool.register_env(env, {"solver": policy})
     samples = iter(env.samples(0))

@@ -54,7 +54,8 @@ def in_process_services(session_factory, rollouts=2, trainer=True, engine="hf", 
         if "/r" in url:
             service = app.state.service
             service.transport = transports.get("http://t")
-            session._stack.enter_context(session._loop().wrap_async_context_manager(service.running()))
+            session.context.stack.enter_context(
+                session.context.loop().wrap_async_context_manager(service.running()))
     return session, apps, transports
 
 

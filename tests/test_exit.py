@@ -120,14 +120,14 @@ def test_hook_holds_sessions_weakly_and_forgets_closed_ones(tmp_path):
                             max_batch_size=16)
     session.wire(ab.environments.load("arithmetic"), solver=policy)
     session.evaluate(n=4)  # starts the loop thread
-    assert session in _loopthread._live.values()
+    assert session.context in _loopthread._live.values()  # the context closes it at exit
     session.close()
-    assert session not in _loopthread._live.values()
+    assert session.context not in _loopthread._live.values()
     session.close()  # idempotent
 
     session = ab.Session(tmp_path / "runs")
-    session._loop()
-    key = id(session)
+    session.context.loop()
+    key = id(session.context)
     assert key in _loopthread._live
     del session
     gc.collect()

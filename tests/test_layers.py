@@ -35,7 +35,8 @@ LAZY_NOTEBOOK_HOOKS = {
     ("astranb.session.session", "_repr_html_"),
 }
 
-SESSION_LAYER = {"astranb.session.session", "astranb.cli"}
+# session.py chooses local or remote parts; context.py holds them (the pool, the trainer client)
+SESSION_LAYER = {"astranb.session.session", "astranb.session.context", "astranb.cli"}
 BOTTOM = {"astranb.types", "astranb.contracts", "astranb.errors"}
 
 

@@ -203,7 +203,7 @@ def test_a_rollout_service_that_goes_silent_loses_no_episode(tmp_path):
         policy = session.policy("solver", ab.models.tiny())
         session.wire(SlowCountA(), solver=policy)  # services build it by name: SlowCountA()
         run = session.train(steps=12, batch_size=16, group_size=4, max_staleness=2)
-        r0 = session._pool.members["http://r0"]
+        r0 = session.context.pool.members["http://r0"]
 
         def silence_r0_while_it_holds_work() -> bool:  # on the session's loop: no pull between
             if len(run.metrics) >= 2 and r0.inflight:
@@ -212,7 +212,7 @@ def test_a_rollout_service_that_goes_silent_loses_no_episode(tmp_path):
 
         # wait for r0 to hold episodes: a slow trainer can leave the staleness gate closed
         deadline = time.monotonic() + 60
-        while not session._loop().call(silence_r0_while_it_holds_work):
+        while not session.context.call(silence_r0_while_it_holds_work):
             assert time.monotonic() < deadline, "r0 never held episodes in flight"
             time.sleep(0.01)
         run.wait(progress=False)

@@ -199,7 +199,7 @@ def test_a_stop_right_after_train_is_not_lost(tmp_path):
         time.sleep(0.5)  # on purpose: nothing else runs on the loop meanwhile
 
     with session:
-        session._loop().start_task_soon(block_the_loop)
+        session.context.loop().start_task_soon(block_the_loop)
         run = session.train(steps=10_000, batch_size=8, group_size=4)
         run.stop()
         run.wait(timeout=60, progress=False)

@@ -101,7 +101,7 @@ def test_unused_policy_is_a_warning_with_the_fix(session):
 def test_cleared_wiring(session):
     solver, verifier = policies(session)
     session.wire(TwoRoles(), solver=solver, verifier=verifier)
-    session._wiring.clear()
+    session.context.wiring.clear()
     assert session.wiring.problems() == ["nothing is wired; call session.wire(env, role=policy) "
                                          "first"]
     assert session.wiring.environments == []
@@ -130,7 +130,7 @@ def test_apply_parsed_text_keeps_the_weight(session):
     assert parse("solver=verifier,\n verifier='solver'") == {"solver": "verifier",
                                                              "verifier": "solver"}
     session.wiring.apply("TwoRoles", **session.wiring.parse("solver=verifier, verifier=solver"))
-    assert session._wiring == [(env, {"solver": verifier, "verifier": solver}, 2.0)]
+    assert session.context.wiring == [(env, {"solver": verifier, "verifier": solver}, 2.0)]
 
 
 def test_apply_and_parse_errors_say_the_fix(session):
@@ -171,10 +171,10 @@ def test_widget_rewires_the_session_on_apply(session, widgets):
 
     dropdowns["verifier"].value = "verifier"
     assert "not applied yet" in form.status.value
-    assert session._wiring == [(env, {"solver": solver}, 1.0)]  # nothing happens before Apply
+    assert session.context.wiring == [(env, {"solver": solver}, 1.0)]  # not before Apply
 
     form.apply_buttons["TwoRoles"].click()
-    assert session._wiring == [(env, {"solver": solver, "verifier": verifier}, 1.0)]
+    assert session.context.wiring == [(env, {"solver": solver, "verifier": verifier}, 1.0)]
     assert session.wiring.problems(warnings=False) == []
     assert "ready to train" in form.problems.value
     assert "<b>verifier</b>" in form.graph.value
@@ -183,7 +183,7 @@ def test_widget_rewires_the_session_on_apply(session, widgets):
     # shared parameters: the run could start, but policy 'verifier' would not train
     form.dropdowns["TwoRoles"]["verifier"].value = "solver"
     form.apply_buttons["TwoRoles"].click()
-    assert session._wiring == [(env, {"solver": solver, "verifier": solver}, 1.0)]
+    assert session.context.wiring == [(env, {"solver": solver, "verifier": solver}, 1.0)]
     assert session.wiring.problems(warnings=False) == []
     assert "warning: policy 'verifier' is not wired" in form.problems.value
 

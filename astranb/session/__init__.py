@@ -1,6 +1,8 @@
 """The run layer: a Session, the runs it starts, and the folder they leave behind.
 
     session.py    Session, the front users call: policies, wiring, train, evaluate, resume
+    context.py    RunContext, what the Session's runs share (loop, folder, wiring, runs);
+                  launch, heldout, restore and wiring receive it, never the Session
     launch.py     a run's start and its main task on the session's loop
     heldout.py    held-out plays: Session.evaluate and train(eval_every=...)
     restore.py    Session.resume: the plan a run leaves, and the rebuild from it

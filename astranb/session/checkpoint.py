@@ -355,7 +355,8 @@ def read_plan(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise NoCheckpoint(f"{directory} has no {PLAN}: it was not trained with "
                            "checkpoint_every=N, so there is nothing to resume")
-    return json.loads(path.read_text())
+    plan: dict[str, Any] = json.loads(path.read_text())
+    return plan
 
 
 def lock_owner() -> dict[str, Any]:

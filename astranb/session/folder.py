@@ -33,14 +33,22 @@ class FolderLocked(AstranbError, RuntimeError):
 
 
 _holders: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-"""Lock path -> the Session of this process that holds it."""
+"""Lock path -> the owner in this process that holds it (a Session's run context)."""
 
 
 class FolderLock:
     """`<folder>/session.lock`, the folder created first: one live Session per folder (see the
-    module docstring)."""
+    module docstring).
 
-    def __init__(self, directory: Path, owner: Any):
+    Args:
+        directory: the folder (created if missing).
+        owner: what holds the folder in this process (a Session's run context): its `runs`
+            and `close()` are used when another owner asks for the folder.
+        stacklevel: of the warning that closes an earlier owner, so that it names the line
+            that opened the new Session.
+    """
+
+    def __init__(self, directory: Path, owner: Any, *, stacklevel: int = 3):
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -57,7 +65,7 @@ class FolderLock:
                 f"another Session of this process had {directory} open and ran nothing; it is "
                 "closed now, since one Session writes a folder (using it raises SessionClosed). "
                 "Close a Session you are done with (session.close()), or give each its own "
-                "folder", RuntimeWarning, stacklevel=3)
+                "folder", RuntimeWarning, stacklevel=stacklevel)
             earlier.close()  # a notebook cell run again: the old Session is done with
         self._take(directory)
         _holders[key] = owner
@@ -111,7 +119,8 @@ class FolderLock:
 
 def _read_owner(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        owner: dict[str, Any] | None = json.loads(path.read_text())
+        return owner
     except (OSError, ValueError):
         return None
 

@@ -4,7 +4,8 @@
 Both pick the environment (the wired one unless named), the policies that play its roles (its
 own wiring, or each role's one wired policy matched by role name) and the samples, then play
 them with `dataflow.orchestrator.play_heldout`: in this process, or on the rollout services when
-the session has them. Scoring (avg@k, pass@k, the checks of a result) is evaluation.py's.
+the session has them (`mean_reward` and `on_split` take the Session's `RunContext`). Scoring
+(avg@k, pass@k, the checks of a result) is evaluation.py's.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from ..dataflow.orchestrator import Source, play_heldout
 from ..environments.base import Environment
 from ..evaluation import RoleEvaluation, evaluate_trajectories, heldout_samples
 from ..types import Trajectory
+from .context import RunContext
 
 if TYPE_CHECKING:
     from .policy import Policy
-    from .session import Session
 
 __all__ = ["positive", "only_env", "heldout", "eval_wiring", "mean_reward", "on_split", "play"]
 
@@ -83,24 +84,24 @@ def eval_wiring(env: Environment, wired: Wired) -> dict[str, Policy]:
     return {role: next(iter(names.values())) for role, names in found.items()}
 
 
-def mean_reward(session: Session, env: Environment, wiring: Mapping[str, Policy], n: int,
+def mean_reward(context: RunContext, env: Environment, wiring: Mapping[str, Policy], n: int,
                 k: int, seed: int) -> dict[str, float]:
     """`Session.evaluate` without a split: the mean reward per role of n plays."""
     if k != 1:
         raise ValueError(f"k={k} needs a split: pass split='test' (or 'train') to get "
                          "avg@k and pass@k, or leave k out for the mean reward")
     samples = tuple(itertools.islice(env.samples(seed), n))
-    plays = session._loop().call(play, session._pool, env, wiring, samples, 1)
+    plays = context.call(play, context.pool, env, wiring, samples, 1)
     return _mean_rewards([p[0] for p in plays], env.roles)
 
 
-def on_split(session: Session, env: Environment, wiring: Mapping[str, Policy], split: str,
+def on_split(context: RunContext, env: Environment, wiring: Mapping[str, Policy], split: str,
              n: int, k: int, seed: int
              ) -> tuple[list[list[Trajectory]], dict[str, RoleEvaluation]]:
     """`Session.evaluate` with a split: the plays, and per role avg@k, pass@k and the rest
     (left to `evaluation.check_evaluation`, which the caller runs)."""
     samples = heldout_samples(env, split, n, seed)
-    plays = session._loop().call(play, session._pool, env, wiring, samples, k)
+    plays = context.call(play, context.pool, env, wiring, samples, k)
     return plays, evaluate_trajectories(plays, env.roles, k, split, env.solved)
 
 

@@ -1,20 +1,22 @@
 """Starting a Session's run and its main task on the session's loop.
 
+Every function here takes the Session's `RunContext` (context.py), never the Session.
 `check_ready` refuses a run that cannot start (wiring problems, or a run still going).
 `Session.train` and `Session.resume` validate their arguments, make the run's Recorder and call
-`start`, which writes run.json's "running" record, schedules `run_main` on the session's event
-loop and returns the `Run` handle at once. `run_main` builds the `Dataflow` (the Sources, the
-checkpoint callback, the held-out windows), runs it in a cancel scope that `run.stop()` cancels,
-and, however it ends, fills the run's episode accounting, closes the recorder and then the
-experiment trackers. A failure of the dataflow's task group is raised as its root cause
-(`root_cause`), not as an exception group, so notebooks show it as the cell's error.
+`start`, which writes run.json's "running" record, schedules `run_main` on the context's event
+loop, adds the run to `context.runs` and returns the `Run` handle at once. `run_main` builds the
+`Dataflow` (the Sources, the checkpoint callback, the held-out windows) as `context.flow`, runs
+it in a cancel scope that `run.stop()` cancels, and, however it ends, fills the run's episode
+accounting, closes the recorder and then the experiment trackers. A failure of the dataflow's
+task group is raised as its root cause (`root_cause`), not as an exception group, so notebooks
+show it as the cell's error.
 """
 
 from __future__ import annotations
 
 import functools
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -26,6 +28,7 @@ from ..dataflow.flow import Dataflow, HeldOut
 from ..dataflow.ledger import parse_sample_id
 from ..dataflow.orchestrator import Source
 from .checkpoint import write_checkpoint
+from .context import RunContext
 from .recorder import Recorder
 from .report import RunInfo
 from .run import Run
@@ -34,7 +37,6 @@ from .trackers import Tracker, Trackers, run_hyperparameters
 if TYPE_CHECKING:
     from ..environments.base import Environment
     from .policy import Policy
-    from .session import Session
 
 __all__ = ["blocking_problems", "check_ready", "start", "run_main", "accounting", "root_cause",
            "decoder"]
@@ -42,46 +44,46 @@ __all__ = ["blocking_problems", "check_ready", "start", "run_main", "accounting"
 Wired = Sequence[tuple["Environment", Mapping[str, "Policy"], float]]
 
 
-def blocking_problems(session: Session) -> list[str]:
+def blocking_problems(context: RunContext) -> list[str]:
     """What stops a run from starting, each with its fix (empty: ready to train)."""
-    if not session._wiring:
+    if not context.wiring:
         return ["nothing is wired; call session.wire(env, role=policy) first"]
     problems = []
-    for env, wiring, _ in session._wiring:
+    for env, wiring, _ in context.wiring:
         missing = [r for r in env.roles if r not in wiring]
         if missing:
             hint = ", ".join(f"{r}=<policy>" for r in missing)
             problems.append(f"role(s) {missing} of {env.name} are not wired; "
                             f"call session.wire(env, {hint})")
         for role, policy in wiring.items():
-            if session.policies.get(policy.name) is not policy:
+            if context.policies.get(policy.name) is not policy:
                 problems.append(f"role {role!r} of {env.name} is wired to policy "
                                 f"{policy.name!r}, which is not in this session any more; "
-                                "wire it to one of " + str(sorted(session.policies)))
+                                "wire it to one of " + str(sorted(context.policies)))
     return problems
 
 
-def check_ready(session: Session) -> list[tuple[Environment, dict[str, Policy], float]]:
+def check_ready(context: RunContext) -> list[tuple[Environment, dict[str, Policy], float]]:
     """The session's wiring, once nothing stops a run from starting and no run is going.
 
     Raises:
         ValueError: the wiring's problems (`blocking_problems`).
         RuntimeError: a run of the session is still going.
     """
-    problems = blocking_problems(session)
+    problems = blocking_problems(context)
     if problems:
         raise ValueError("; ".join(problems))
-    going = [r for r in session._runs if not r.done]
+    going = [r for r in context.runs if not r.done]
     if going:
         raise RuntimeError("a run is still going; await it or call run.stop() first")
-    return list(session._wiring)
+    return list(context.wiring)
 
 
-def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
+def start(context: RunContext, config: RunConfig, wired: Wired, recorder: Recorder,
           heldout: HeldOut | None, *, targets: Mapping[str, int], checkpoints: tuple[int, int],
           position: Mapping[str, Any] | None = None, time_offset: float = 0.0,
           loggers: Sequence[Tracker] = (), autoscale: Any = None) -> Run:
-    """Start `run_main` on the session's loop and return the run's handle.
+    """Start `run_main` on the context's loop and return the run's handle (in `context.runs`).
 
     `checkpoints` is (checkpoint_every, keep_checkpoints); `position` and `time_offset` are a
     resumed run's sample-stream position and clock; `autoscale` an
@@ -101,7 +103,7 @@ def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
         {role: p.name for role, p in (heldout.wiring if heldout else {}).items()})
     release_heap = hold_frozen()  # full GC passes walk only what the run makes
     try:
-        future = session._loop().start_task_soon(info.watch, run_main, session, config, wired,
+        future = context.loop().start_task_soon(info.watch, run_main, context, config, wired,
                                                  recorder, scope_box, final, heldout, resume,
                                                  trackers, release_heap)
     except BaseException:
@@ -110,14 +112,13 @@ def start(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
     future.add_done_callback(lambda _: release_heap())  # a task cancelled before it began
     if trackers is not None:  # a task that never started: let its trackers go
         future.add_done_callback(lambda _: trackers.close(wait=False))
-    run = Run(config, recorder, future, lambda: _cancel(session, scope_box), policies,
-              lambda: dict(final) or session._loop().call(accounting, session), heldout)
-    run.session = session
-    session._runs.append(run)
+    run = Run(config, recorder, future, lambda: _cancel(context, scope_box), policies,
+              lambda: dict(final) or context.call(accounting, context), heldout)
+    context.runs.append(run)
     return run
 
 
-def _cancel(session: Session, scope_box: list[anyio.CancelScope | None]) -> None:
+def _cancel(context: RunContext, scope_box: list[anyio.CancelScope | None]) -> None:
     """Stop the run from any thread. On the loop: cancel its scope, or, when the task has not
     entered it yet (a stop right after `train()`), leave None in the box, which the task reads
     as "cancel at once" when it gets there."""
@@ -127,18 +128,18 @@ def _cancel(session: Session, scope_box: list[anyio.CancelScope | None]) -> None
         elif not scope_box:
             scope_box.append(None)
 
-    if session._portal is not None:
-        session._portal.call(on_loop)
+    if context.portal is not None:
+        context.portal.call(on_loop)
 
 
-async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
+async def run_main(context: RunContext, config: RunConfig, wired: Wired, recorder: Recorder,
                    scope_box: list[anyio.CancelScope | None], final: dict[str, int],
                    heldout: HeldOut | None, resume: Mapping[str, Any],
                    trackers: Trackers | None = None,
                    release_heap: Callable[[], None] = lambda: None) -> None:
     """The run's task: the Dataflow until it ends, then the accounting, recorder, trackers."""
-    flow = _flow(session, config, wired, recorder, heldout, resume)
-    pool = session._pool
+    flow = _flow(context, config, wired, recorder, heldout, resume)
+    pool = context.pool
     if (heldout is not None and pool is not None
             and all(heldout.env is not env for env, _, _ in wired)):
         pool.register_env(heldout.env, heldout.wiring)  # the services play it too
@@ -160,7 +161,7 @@ async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: 
         failure = None
     finally:
         release_heap()
-        final.update(accounting(session))
+        final.update(accounting(context))
         recorder.close()
         if trackers is not None:  # after the recorder: they have every row; files complete
             with anyio.CancelScope(shield=True):
@@ -173,19 +174,19 @@ async def run_main(session: Session, config: RunConfig, wired: Wired, recorder: 
         raise failure
 
 
-def _flow(session: Session, config: RunConfig, wired: Wired, recorder: Recorder,
+def _flow(context: RunContext, config: RunConfig, wired: Wired, recorder: Recorder,
           heldout: HeldOut | None, resume: Mapping[str, Any]) -> Dataflow:
-    """The run's Dataflow, kept as `session._flow` (read by `accounting` and checkpoints)."""
+    """The run's Dataflow, kept as `context.flow` (read by `accounting` and checkpoints)."""
     drawn = list(resume["position"].get("drawn") or [])
     replay = _replay(resume["position"].get("pending") or [])
     sources = [Source(env, wiring, weight, config.seed, skip=drawn[i] if i < len(drawn) else 0,
                       replay=replay.get(i, ()))
                for i, (env, wiring, weight) in enumerate(wired)]
     every, keep = resume["checkpoints"]
-    flow = session._flow = Dataflow(
-        sources, config, recorder, remote=session._pool, heldout=heldout,
+    flow = context.flow = Dataflow(
+        sources, config, recorder, remote=context.pool, heldout=heldout,
         targets=resume["targets"], time_offset=resume["time_offset"],
-        checkpoint=functools.partial(_checkpoint, session, recorder, keep),
+        checkpoint=functools.partial(_checkpoint, context, recorder, keep),
         checkpoint_every=every)
     flow.orchestrator.restore_position(resume["position"])
     return flow
@@ -200,12 +201,12 @@ def _replay(pending: Sequence[Mapping[str, Any]]) -> dict[int, list[tuple[int, A
     return out
 
 
-async def _checkpoint(session: Session, recorder: Recorder, keep: int, policy: Policy) -> None:
+async def _checkpoint(context: RunContext, recorder: Recorder, keep: int, policy: Policy) -> None:
     """Write a checkpoint of `policy` (called by its train loop between two steps). Its state
     holds the streams' position with the samples not yet accounted for ("pending"), and how
     many episodes the run had played ("episodes"): a resumed run numbers its episodes on from
     there and sets the later ones aside."""
-    flow = session._flow
+    flow = context.flow
     assert flow is not None  # set before the train loops start
     state = {"policy": policy.name, "version": policy.version,
              "position": flow.orchestrator.position(),
@@ -218,10 +219,10 @@ async def _checkpoint(session: Session, recorder: Recorder, keep: int, policy: P
         write_checkpoint, root, policy.version, trainer.save, state, keep=keep))
 
 
-def accounting(session: Session) -> dict[str, int]:
+def accounting(context: RunContext) -> dict[str, int]:
     """The current run's episode accounting (called on the loop)."""
-    flow = session._flow
-    counts = session._pool.accounting() if session._pool is not None else {}
+    flow = context.flow
+    counts = context.pool.accounting() if context.pool is not None else {}
     return {**counts, "trained_twice": flow.trained_twice if flow is not None else 0}
 
 
@@ -240,7 +241,7 @@ def root_cause(group: BaseExceptionGroup) -> BaseException:
     return RuntimeError(f"{len(leaves)} errors at once in the run's background tasks:\n{details}")
 
 
-def _leaves(error: BaseException):
+def _leaves(error: BaseException) -> Iterator[BaseException]:
     if isinstance(error, BaseExceptionGroup):
         for inner in error.exceptions:
             yield from _leaves(inner)
@@ -255,6 +256,7 @@ def decoder(policy: Policy) -> Callable[[Sequence[int]], str]:
 
     @functools.lru_cache(maxsize=4096)
     def decode(ids: tuple[int, ...]) -> str:
-        return tok.decode(list(ids), skip_special_tokens=False)
+        text: str = tok.decode(list(ids), skip_special_tokens=False)
+        return text
 
     return lambda ids: decode(tuple(ids))

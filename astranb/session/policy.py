@@ -73,7 +73,8 @@ class Policy:
         """One optimizer step, off the event loop: awaited when the trainer's step is async (a
         trainer service, a simulated trainer), else in a worker thread."""
         if inspect.iscoroutinefunction(self.trainer.step):
-            return await self.trainer.step(batch)
+            metrics: dict[str, float] = await self.trainer.step(batch)
+            return metrics
         return await anyio.to_thread.run_sync(self.trainer.step, batch)
 
     async def publish(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ bit against the checkpoint's checksum) and the engines get those weights before 
 
 `resume` is `Session.resume`'s body: `restore`, the engines brought to the loaded weights, the
 run's held-out windows and Recorder made again from the plan, and the run started on
-(`running.start`). `also_on_the_class` lets `ab.Session.resume(folder)` open the Session itself.
+(`launch.start`). Both take the Session's `RunContext`, and the Session's public `policy` and
+`wire` methods to create policies and wire environments with the Session's own checks.
+`also_on_the_class` lets `ab.Session.resume(folder)` open the Session itself.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .checkpoint import (
     set_aside_rows,
     write_plan,
 )
+from .context import RunContext
 from .episodes import DamagedRecord, set_aside_episodes
 from .folder import FolderLock, FolderLocked  # re-exported: they lived here first
 from .heldout import heldout, positive
@@ -56,11 +59,15 @@ if TYPE_CHECKING:
     from ..environments.base import Environment
     from .policy import Policy
     from .run import Run
-    from .session import Session
 
 __all__ = ["Resumption", "FolderLocked", "FolderLock", "make_plan", "restore", "run_folder",
            "resume", "also_on_the_class", "next_run_folder", "write_run_plan",
-           "check_checkpointing"]
+           "check_checkpointing", "MakePolicy", "Wire"]
+
+MakePolicy = Callable[..., "Policy"]
+"""`Session.policy`: a new policy from its name, model and options (a plan's recipe)."""
+Wire = Callable[..., "Environment"]
+"""`Session.wire`: wires an environment's roles to policies, with its checks."""
 
 
 # -- the plan --------------------------------------------------------------------------------------
@@ -102,14 +109,14 @@ def write_run_plan(directory: Path, config: RunConfig,
                                     record={"mode": record, "per_step": per_step}))
 
 
-def check_checkpointing(session: Session, checkpoint_every: int | None) -> None:
+def check_checkpointing(context: RunContext, checkpoint_every: int | None) -> None:
     """Refuse `train(checkpoint_every=...)` where it cannot work, before any work starts."""
     if checkpoint_every is None:
         return
     positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
              "(e.g. checkpoint_every=50), or None for no checkpoints")
-    if session._pool is not None or not all(
-            isinstance(p.trainer, Checkpointable) for p in session.policies.values()):
+    if context.pool is not None or not all(
+            isinstance(p.trainer, Checkpointable) for p in context.policies.values()):
         raise ValueError("checkpoint_every is for runs in this process; a trainer "
                          "service checkpoints itself (`astranb serve trainer "
                          "--checkpoint-every N`)")
@@ -185,7 +192,7 @@ class Resumption:
         }
 
 
-def run_folder(directory: Path, run: str | int | os.PathLike | None) -> Path:
+def run_folder(directory: Path, run: str | int | os.PathLike[str] | None) -> Path:
     """The run folder to resume: the newest one with a plan, or the one named."""
     if run is None:
         found = sorted(p for p in directory.glob("run-*") if (p / "plan.json").is_file())
@@ -201,14 +208,16 @@ def run_folder(directory: Path, run: str | int | os.PathLike | None) -> Path:
     return path
 
 
-def resume(session: Session, run: str | int | os.PathLike | None,
+def resume(context: RunContext, run: str | int | os.PathLike[str] | None,
            envs: Mapping[str, Environment] | Sequence[Environment] | None,
-           loggers: Sequence[Any] | None) -> Run:
-    """`Session.resume`: rebuild the run on `session`, load its checkpoints, start it again."""
+           loggers: Sequence[Any] | None, *, make_policy: MakePolicy, wire: Wire) -> Run:
+    """`Session.resume`: rebuild the run on `context` (creating policies with `make_policy`,
+    wiring with `wire`), load its checkpoints, start it again."""
     trackers = resolve_trackers(loggers)
-    found: Resumption = restore(session, run_folder(session.directory, run), envs)
+    found: Resumption = restore(context, run_folder(context.directory, run), envs,
+                                make_policy=make_policy, wire=wire)
     for policy in {p.name: p for _, w, _ in found.wired for p in w.values()}.values():
-        session._loop().call(policy.publish)  # the engines sample from the loaded weights
+        context.call(policy.publish)  # the engines sample from the loaded weights
     plan = found.plan
     held_out = None
     if plan.get("evaluation"):
@@ -218,12 +227,12 @@ def resume(session: Session, run: str | int | os.PathLike | None,
             held_out = heldout(found.wired, env, e["split"], e["n"], e["k"], e["every"])
     policies = sorted({p.name for _, w, _ in found.wired for p in w.values()})
     record = plan.get("record") or {}
-    recorder = Recorder(found.directory, {n: decoder(session.policies[n]) for n in policies},
+    recorder = Recorder(found.directory, {n: decoder(context.policies[n]) for n in policies},
                         record=record.get("mode", "sample"),
                         per_step=record.get("per_step", 8), seed=found.config.seed)
     recorder.continue_from(found.rows, found.played)
     recorder.add_event("resumed", found.event())
-    return start(session, found.config, found.wired, recorder, held_out, targets=found.targets,
+    return start(context, found.config, found.wired, recorder, held_out, targets=found.targets,
                  checkpoints=(plan["checkpoint_every"], plan["keep_checkpoints"]),
                  position=found.position, time_offset=found.time, loggers=trackers)
 
@@ -241,7 +250,7 @@ class also_on_the_class:  # noqa: N801 - used as a decorator
             return functools.partial(self.method, obj)
 
         @functools.wraps(self.method)
-        def on_a_new_session(directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        def on_a_new_session(directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
             session = cls(directory)
             try:
                 return self.method(session, *args, **kwargs)
@@ -252,17 +261,19 @@ class also_on_the_class:  # noqa: N801 - used as a decorator
         return on_a_new_session
 
 
-def restore(session: Any, directory: Path,
-            envs: Mapping[str, Environment] | Sequence[Environment] | None) -> Resumption:
-    """Rebuild what the plan in `directory` describes on `session` and load the checkpoints.
+def restore(context: RunContext, directory: Path,
+            envs: Mapping[str, Environment] | Sequence[Environment] | None, *,
+            make_policy: MakePolicy, wire: Wire) -> Resumption:
+    """Rebuild what the plan in `directory` describes on `context` and load the checkpoints.
 
-    Policies missing from the session are created from their recipes; environments are made
-    again by name unless `envs` holds them (or the session already wires them). Each trainer
+    Policies missing from the context are created from their recipes (`make_policy`, the
+    Session's `policy`); environments are made again by name unless `envs` holds them (or the
+    context already wires them), and wired with `wire` (the Session's `wire`). Each trainer
     loads its newest good checkpoint; its weights must hash to the checkpoint's checksum.
     """
     plan = read_plan(directory)
-    policies = _policies(session, plan)
-    wired = _wiring(session, plan, policies, envs)
+    policies = _policies(context, plan, make_policy)
+    wired = _wiring(context, plan, policies, envs, wire)
     checkpoints: dict[str, Checkpoint] = {}
     for name, policy in policies.items():
         found = latest_good(directory / "checkpoints" / name)
@@ -312,17 +323,18 @@ def _set_aside_episodes(directory: Path, state: Mapping[str, Any]) -> tuple[int,
     return played, moved
 
 
-def _policies(session: Any, plan: Mapping[str, Any]) -> dict[str, Policy]:
+def _policies(context: RunContext, plan: Mapping[str, Any],
+              make_policy: MakePolicy) -> dict[str, Policy]:
     found: dict[str, Policy] = {}
     for name, recipe in plan["policies"].items():
         spec = ModelSpec(**recipe["model"])
-        policy = session.policies.get(name)
+        policy = context.policies.get(name)
         if policy is None:
             optimizer = dict(recipe["optimizer"])
             optimizer["betas"] = tuple(optimizer.get("betas", (0.9, 0.999)))
-            policy = session.policy(name, spec,
-                                    algorithm=algorithm_from_dict(dict(recipe["algorithm"])),
-                                    optimizer=AdamWConfig(**optimizer), **recipe["options"])
+            policy = make_policy(name, spec,
+                                 algorithm=algorithm_from_dict(dict(recipe["algorithm"])),
+                                 optimizer=AdamWConfig(**optimizer), **recipe["options"])
         elif policy.spec != spec:
             raise ValueError(f"policy {name!r} of this session has another model than the run "
                              f"to resume ({policy.spec.name} against {spec.name}); resume in a "
@@ -331,10 +343,11 @@ def _policies(session: Any, plan: Mapping[str, Any]) -> dict[str, Policy]:
     return found
 
 
-def _wiring(session: Any, plan: Mapping[str, Any], policies: Mapping[str, Policy],
-            envs: Mapping[str, Environment] | Sequence[Environment] | None) -> list:
+def _wiring(context: RunContext, plan: Mapping[str, Any], policies: Mapping[str, Policy],
+            envs: Mapping[str, Environment] | Sequence[Environment] | None,
+            wire: Wire) -> list[tuple[Environment, dict[str, Policy], float]]:
     given = dict(envs) if isinstance(envs, Mapping) else {e.name: e for e in envs or ()}
-    wired_now = {env.name: env for env, _, _ in session._wiring}
+    wired_now = {env.name: env for env, _, _ in context.wiring}
     wired = []
     for entry in plan["wiring"]:
         name = entry["env"]
@@ -353,6 +366,6 @@ def _wiring(session: Any, plan: Mapping[str, Any], policies: Mapping[str, Policy
                     f"the run trained on environment {name!r}, which cannot be made again "
                     f"({error}); pass it: session.resume(envs=[env])") from error
         roles = {role: policies[p] for role, p in entry["roles"].items()}
-        session.wire(env, weight=entry["weight"], **roles)
+        wire(env, weight=entry["weight"], **roles)
         wired.append((env, roles, float(entry["weight"])))
     return wired

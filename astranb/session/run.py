@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from .report import read_info, status_of, summarize
 
 if TYPE_CHECKING:
     import pandas
+    from matplotlib.figure import Figure
 
 __all__ = ["Run", "RunConfig", "RunRecord", "open_run"]
 
@@ -43,7 +44,7 @@ class Run:
         self,
         config: RunConfig,
         recorder: Recorder,
-        future: concurrent.futures.Future,
+        future: concurrent.futures.Future[None],
         stop: Callable[[], None],
         policies: list[str],
         accounting: Callable[[], dict[str, int]] = dict,
@@ -87,7 +88,8 @@ class Run:
         named = set(event["policies"])
         if any(r["policy"] in named and r["time"] >= event["time"] for r in self.rows):
             return None
-        return event["message"]
+        message: str = event["message"]
+        return message
 
     @property
     def done(self) -> bool:
@@ -204,7 +206,7 @@ class Run:
         self._finish_views()
         return self._result()
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, Run]:
         return self._await().__await__()
 
     async def _await(self) -> Run:
@@ -231,7 +233,7 @@ class Run:
                 "run.stop() stops it; `await run` or run.wait() waits again. (At the end of "
                 "a script the run is stopped when the process exits.)") from None
 
-    def dashboard(self, *, interval: float = 0.5, mode: str | None = None):
+    def dashboard(self, *, interval: float = 0.5, mode: str | None = None) -> Any:
         """Show the run's dashboard in this cell and return it.
 
         Panels: reward per policy, staleness (per step, distribution, bound), weight bytes sent
@@ -254,7 +256,7 @@ class Run:
         if in_kernel():
             from IPython.display import display
 
-            display(view)  # shown once; a cell ending in run.dashboard() shows nothing more
+            display(view)  # type: ignore[no-untyped-call]  # shown once; a cell ending in run.dashboard() shows nothing more
         if self.done:
             self._finish_views()
         return view
@@ -291,7 +293,7 @@ class Run:
         return self
 
     # -- views ---------------------------------------------------------------------------------
-    def plot(self, path: str | Path | None = None):
+    def plot(self, path: str | Path | None = None) -> Figure:
         """Reward and staleness per step (matplotlib); saved to `path` when given."""
         import matplotlib.pyplot as plt
 
@@ -511,7 +513,7 @@ class _Progress:
             self.bar.set_postfix(reward=f"{last['reward']:.2f}", stale=last["staleness_max"])
         self.bar.update(done - self.bar.n)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.update()
             self.bar.close()

@@ -20,22 +20,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, overload
 
 import torch
-from anyio.from_thread import start_blocking_portal
 
 from .. import environments
 from ..algorithms import GRPO, Algorithm
 from ..algorithms.config import algorithm_to_dict
 from ..dataflow.config import RunConfig
-from ..dataflow.flow import Dataflow
 from ..dataflow.stall import STALL_SECONDS
 from ..engines import HFEngine
 from ..environments.base import Environment
-from ..errors import SessionClosed
 from ..evaluation import RoleEvaluation, check_evaluation
 from ..models import ModelSpec, dtype_for, resolve
 from ..remote.client import TrainerClient
@@ -47,10 +43,8 @@ from ..remote.trainer import RemoteTrainer
 from ..training.local import AdamWConfig, LocalTrainer
 from ..weights.publish import EnginePublisher, StatePublisher
 from ..weights.store import WeightStore
-from . import heldout as evaluating
-from . import launch as running
-from . import restore as resuming
-from .folder import FolderLock
+from . import heldout, launch, restore
+from .context import RunContext
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -90,7 +84,7 @@ class Session:
 
     def __init__(
         self,
-        directory: str | os.PathLike = "runs/session",
+        directory: str | os.PathLike[str] = "runs/session",
         *,
         device: str = "cpu",
         torch_threads: int | None = None,
@@ -100,24 +94,17 @@ class Session:
         failure_timeout: float = 5.0,
         transport: Callable[[str], Any] | None = None,
     ):
-        self.directory = Path(directory)
-        self._closed = False
-        self._lock = FolderLock(self.directory, self)  # creates it; one live Session per folder
+        # creates the folder and locks it: one live Session per folder
+        self._context = RunContext(Path(directory))
         self.device = device
-        self.policies: dict[str, Policy] = {}
-        self._recipes: dict[str, dict[str, Any]] = {}  # Session.policy's options, for plan.json
-        self._wiring: list[tuple[Environment, dict[str, Policy], float]] = []
-        self._runs: list[Run] = []
-        self._flow: Dataflow | None = None  # the newest run's (launch.py)
-        self._stack = ExitStack()
-        self._portal = None
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
         torch.set_num_threads(threads)
         token = token if token is not None else os.environ.get("ASTRANB_TOKEN") or None
         urls = [rollout] if isinstance(rollout, str) else list(rollout or [])
-        self._pool = RolloutPool(urls, token, self.policies, failure_timeout=failure_timeout,
-                                 transport=transport) if urls else None
-        self._trainer = None
+        if urls:
+            self._context.pool = RolloutPool(urls, token, self._context.policies,
+                                             failure_timeout=failure_timeout,
+                                             transport=transport)
         if trainer is None and not urls:
             trainer = default_trainer(device)
         if trainer not in (None, "thread", "process") and not str(trainer).startswith(
@@ -127,18 +114,36 @@ class Session:
         self._train_in = "process" if trainer == "process" and not urls else "thread"
         self._threads = threads
         if trainer is not None and trainer not in ("thread", "process"):
-            if self._pool is None:
+            if self._context.pool is None:
                 raise ValueError("a trainer service needs rollout services too: pass "
                                  "rollout=[url, ...] (`astranb serve rollout` on the GPU hosts)")
-            self._trainer = TrainerClient(trainer, token,
-                                          transport=transport(trainer) if transport else None)
-            self._pool.trainer_url = self._trainer.url
+            client = TrainerClient(trainer, token,
+                                   transport=transport(trainer) if transport else None)
+            self._context.trainer = client
+            self._context.pool.trainer_url = client.url
+
+    @property
+    def context(self) -> RunContext:
+        """The run context behind this Session (advanced, internal): its event loop, folder
+        lock, policies, wiring, runs and services, as the run layer receives them
+        (`astranb.session.context`). Everyday use needs only the Session's own methods."""
+        return self._context
+
+    @property
+    def directory(self) -> Path:
+        """The Session's folder: each run writes run-NNN inside it."""
+        return self._context.directory
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        """Name -> policy, in creation order."""
+        return self._context.policies
 
     # -- building --------------------------------------------------------------------------------
     def policy(
         self,
         name: str,
-        model: ModelSpec | str | os.PathLike,
+        model: ModelSpec | str | os.PathLike[str],
         *,
         engine: str = "hf",
         algorithm: Algorithm | None = None,
@@ -164,13 +169,13 @@ class Session:
                 (engines in this process only: rollout services always get payloads).
             full_every: versions between forced full snapshots ("delta" only; 0: never forced).
         """
-        self._check_open()
+        self._context.check_open()
         if name in self.policies:
             raise ValueError(f"a policy named {name!r} exists already; pick another name")
         if weight_transfer not in ("delta", "state"):
             raise ValueError(f"weight_transfer must be 'delta' or 'state', got {weight_transfer!r}")
         spec, algorithm, optimizer = resolve(model), algorithm or GRPO(), optimizer or AdamWConfig()
-        if self._pool is not None:
+        if self._context.pool is not None:
             if weight_transfer != "delta":
                 raise ValueError(
                     f"weight_transfer={weight_transfer!r} only applies to an engine in this "
@@ -186,7 +191,7 @@ class Session:
         dtype = dtype_for(self.device, spec)
         eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
                        seed=seed, name=name)
-        self._stack.callback(eng.close)
+        self._context.stack.callback(eng.close)
         trainer: LocalTrainer | ProcessTrainer
         publisher: EnginePublisher | StatePublisher | ProcessPublisher
         if self._train_in == "process":
@@ -197,7 +202,7 @@ class Session:
             trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
                                      device=self.device, dtype=dtype, full_every=full_every,
                                      log=self.directory / f"trainer-{name}.log")
-            self._stack.callback(trainer.close)
+            self._context.stack.callback(trainer.close)
             publisher = ProcessPublisher(eng, trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
@@ -206,24 +211,26 @@ class Session:
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
                         max_batch_size=max_batch_size, seed=seed)
-        policy.run_on_loop = self._run_on_loop
+        policy.run_on_loop = self._context.call
         self.policies[name] = policy
-        self._recipes[name] = {"engine": engine, "max_batch_size": max_batch_size, "seed": seed,
-                               "weight_transfer": weight_transfer, "full_every": full_every}
+        self._context.recipes[name] = {
+            "engine": engine, "max_batch_size": max_batch_size, "seed": seed,
+            "weight_transfer": weight_transfer, "full_every": full_every}
         return policy
 
-    def _remote_policy(self, name, spec, engine, algorithm, optimizer, max_batch_size, seed,
-                       full_every) -> Policy:
+    def _remote_policy(self, name: str, spec: ModelSpec, engine: str, algorithm: Algorithm,
+                       optimizer: AdamWConfig, max_batch_size: int, seed: int,
+                       full_every: int) -> Policy:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
-        pool = self._pool
+        pool = self._context.pool
         assert pool is not None  # add_policy comes here only with rollout services
         trainer: RemoteTrainer | LocalTrainer
-        if self._trainer is not None:
+        if self._context.trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec),
                     "algorithm": algorithm_to_dict(algorithm),
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
-            trainer = RemoteTrainer(self._trainer, body)
-            self._loop().call(trainer.create)
+            trainer = RemoteTrainer(self._context.trainer, body)
+            self._context.call(trainer.create)
             publisher = ServicesPublisher(pool, trainer=trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
@@ -232,10 +239,10 @@ class Session:
         publisher.publish_initial(name, trainer)
         policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
                         spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
-        policy.run_on_loop = self._run_on_loop
+        policy.run_on_loop = self._context.call
         self.policies[name] = policy
         try:
-            self._loop().call(pool.prepare)  # every service builds its engine now
+            self._context.call(pool.prepare)  # every service builds its engine now
             wrong = {m.url: m.engine for m in pool.members.values()
                      if not m.removed and m.engine != engine}
             if wrong:
@@ -249,31 +256,35 @@ class Session:
 
     def add_rollout(self, url: str) -> None:
         """Use one more rollout service, also during a run (it catches up, then gets work)."""
-        self._check_open()
-        if self._pool is None:
+        pool = self._context.pool
+        self._context.check_open()
+        if pool is None:
             raise ValueError("this session plays episodes in this process; create it with "
                              "Session(..., rollout=[url, ...]) to use rollout services")
-        self._loop().call(self._pool.add, url)
+        self._context.call(pool.add, url)
 
     def remove_rollout(self, url: str) -> None:
         """Stop using a rollout service; its in-flight episodes are resubmitted to the others."""
-        self._check_open()
-        if self._pool is None:
+        pool = self._context.pool
+        self._context.check_open()
+        if pool is None:
             raise ValueError("this session has no rollout services")
-        self._loop().call(self._pool.remove, url)
+        self._context.call(pool.remove, url)
 
     @property
     def rollout_services(self) -> dict[str, str]:
         """URL -> state ("new", "ready", "suspect", "dead") of each rollout service."""
-        if self._pool is None:
+        pool = self._context.pool
+        if pool is None:
             return {}
-        return {m.url: m.state for m in self._pool.members.values() if not m.removed}
+        return {m.url: m.state for m in pool.members.values() if not m.removed}
 
     @property
     def relays(self) -> dict[str, str]:
         """Region -> URL of the rollout service that pulls each version into it for the rest
         (services started with `--region`; empty without regions or a trainer service)."""
-        return dict(self._pool.relays) if self._pool is not None else {}
+        pool = self._context.pool
+        return dict(pool.relays) if pool is not None else {}
 
     def wire(self, env: Environment | str, *, weight: float = 1.0, **roles: Policy) -> Environment:
         """Connect each of the environment's roles to a policy: `wire(env, solver=policy)`.
@@ -283,7 +294,7 @@ class Session:
         several environments to train on all of them; a run picks each group's environment with
         probability proportional to `weight`. Wiring an environment again replaces its wiring.
         """
-        self._check_open()
+        self._context.check_open()
         if isinstance(env, str):
             env = environments.load(env)
         if not isinstance(env, Environment):
@@ -299,14 +310,13 @@ class Session:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise ValueError(f"weight must be a number > 0 (relative sampling weight), "
                              f"got {weight!r}")
-        self._wiring = [(e, w, x) for e, w, x in self._wiring if e is not env]
-        self._wiring.append((env, dict(roles), float(weight)))
+        self._context.wire(env, dict(roles), float(weight))
         return env
 
     @property
     def wiring(self) -> Wiring:
         """What is wired to what, with its problems: print it, or end a notebook cell with it."""
-        return Wiring(self)
+        return Wiring(self._context, self.wire)
 
     # -- running ---------------------------------------------------------------------------------
     def train(
@@ -385,33 +395,35 @@ class Session:
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
-        self._check_open()
+        self._context.check_open()
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode,
                            stall_seconds)
-        if autoscale is not None and self._pool is None:
+        if autoscale is not None and self._context.pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")
-        resuming.check_checkpointing(self, checkpoint_every)
-        wired = running.check_ready(self)
-        heldout = (None if eval_every is None else evaluating.heldout(
+        restore.check_checkpointing(self._context, checkpoint_every)
+        wired = launch.check_ready(self._context)
+        held_out = (None if eval_every is None else heldout.heldout(
             wired, eval_env, eval_split, eval_n, eval_k, eval_every))
         policies = {p.name: p for _, wiring, _ in wired for p in wiring.values()}
         trackers = resolve_trackers(loggers)  # a bad logger fails here, before any work
-        directory = resuming.next_run_folder(self.directory)
-        recorder = Recorder(directory, {name: running.decoder(p) for name, p in policies.items()},
+        directory = restore.next_run_folder(self.directory)
+        recorder = Recorder(directory, {name: launch.decoder(p) for name, p in policies.items()},
                             record=record, per_step=record_per_step, seed=seed)
         targets = {name: p.version + steps for name, p in policies.items()}
         if checkpoint_every:
-            resuming.write_run_plan(directory, config, wired, self._recipes, targets,
-                                    checkpoint_every=checkpoint_every, keep=keep_checkpoints,
-                                    held_out=heldout, eval_n=eval_n, record=record,
-                                    per_step=record_per_step)
-        return running.start(self, config, wired, recorder, heldout, targets=targets,
-                             checkpoints=(checkpoint_every or 0, keep_checkpoints),
-                             loggers=trackers, autoscale=autoscale)
+            restore.write_run_plan(directory, config, wired, self._context.recipes, targets,
+                                   checkpoint_every=checkpoint_every, keep=keep_checkpoints,
+                                   held_out=held_out, eval_n=eval_n, record=record,
+                                   per_step=record_per_step)
+        run = launch.start(self._context, config, wired, recorder, held_out, targets=targets,
+                           checkpoints=(checkpoint_every or 0, keep_checkpoints),
+                           loggers=trackers, autoscale=autoscale)
+        run.session = self
+        return run
 
     @also_on_the_class
-    def resume(self, run: str | int | os.PathLike | None = None, *,
+    def resume(self, run: str | int | os.PathLike[str] | None = None, *,
                envs: Mapping[str, Environment] | Sequence[Environment] | None = None,
                loggers: Sequence[Any] | None = None) -> Run:
         """Go on with a run that was trained with `checkpoint_every` and interrupted (a kernel
@@ -438,8 +450,11 @@ class Session:
             NoCheckpoint: the run has no plan or no good checkpoint.
             ValueError: the run finished already, or its environments cannot be made again.
         """
-        self._check_open()
-        return resuming.resume(self, run, envs, loggers)
+        self._context.check_open()
+        resumed = restore.resume(self._context, run, envs, loggers, make_policy=self.policy,
+                                 wire=self.wire)
+        resumed.session = self
+        return resumed
 
     @overload
     def evaluate(self, env: Environment | None = None, *, split: None = None, n: int = 128,
@@ -484,58 +499,32 @@ class Session:
             RuntimeWarning: the weights changed while the evaluation played (a run was
                 training), so its tokens come from more than one version.
         """
-        self._check_open()
-        evaluating.positive("n", n, "the number of problems to play")
-        evaluating.positive("k", k, "plays per problem")
+        self._context.check_open()
+        heldout.positive("n", n, "the number of problems to play")
+        heldout.positive("k", k, "plays per problem")
         if env is None:
-            env = evaluating.only_env(running.check_ready(self), "env")
-        wiring = evaluating.eval_wiring(env, list(self._wiring))
+            env = heldout.only_env(launch.check_ready(self._context), "env")
+        wiring = heldout.eval_wiring(env, list(self._context.wiring))
         if split is None:
-            return evaluating.mean_reward(self, env, wiring, n, k, seed)
-        plays, results = evaluating.on_split(self, env, wiring, split, n, k, seed)
+            return heldout.mean_reward(self._context, env, wiring, n, k, seed)
+        plays, results = heldout.on_split(self._context, env, wiring, split, n, k, seed)
         check_evaluation(plays, results)  # called here: its warning names evaluate's caller
         return results
 
     @property
     def runs(self) -> list[Run]:
-        return list(self._runs)
+        return list(self._context.runs)
 
     def close(self) -> None:
         """Stop running runs, close engines, service clients and the background loop.
 
         Idempotent. A script that ends without it gets it called at interpreter exit."""
-        import time
-
-        from .._loopthread import untrack
-
-        untrack(self)
-        self._closed = True
-        try:
-            for run in self._runs:
-                run.stop()
-            if self._portal is not None:
-                # A run whose task had not started yet when stop() came had no cancel scope to
-                # cancel (train() then exit at once): stop it again until it has ended, so the
-                # portal's exit does not wait for it to train to the end.
-                while pending := [run for run in self._runs if not run.done]:
-                    time.sleep(0.02)
-                    for run in pending:
-                        run.stop()
-                if self._pool is not None:
-                    self._portal.call(self._pool.close)
-                if self._trainer is not None:
-                    self._portal.call(self._trainer.close)
-        finally:
-            # the portal stops with the stack: what was entered after it (contexts wrapped by
-            # the portal) unwinds first, while the loop still runs
-            self._stack.close()
-            self._portal = None
-            self._lock.release()
+        self._context.close()
 
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -546,44 +535,22 @@ class Session:
     def _repr_html_(self) -> str:
         from ..notebook.html import card, table
 
-        where = ("embedded" if self._pool is None
-                 else f"{len(self._pool.members)} rollout service(s)")
-        if self._trainer is not None:
+        context = self._context
+        where = ("embedded" if context.pool is None
+                 else f"{len(context.pool.members)} rollout service(s)")
+        if context.trainer is not None:
             where += ", trainer service"
         policies = table(
             ("policy", "model", "algorithm", "version", "rollouts"),
             [(name, p.spec.name, p.algorithm.name, p.version, p.describe()["rollouts"])
              for name, p in self.policies.items()],
         ) if self.policies else "<div>no policies yet: session.policy(name, model=...)</div>"
-        runs = f"{len(self._runs)} run(s): " + ", ".join(r.status for r in self._runs[-5:])
-        return card("Session", f"{self.directory} · {where} · {runs if self._runs else 'no runs'}",
+        runs = f"{len(context.runs)} run(s): " + ", ".join(r.status for r in context.runs[-5:])
+        runs = runs if context.runs else "no runs"
+        return card("Session", f"{self.directory} · {where} · {runs}",
                     policies + self.wiring._repr_html_(), "astranb-session")
-
-    # -- internals -------------------------------------------------------------------------------
-    def _blocking_problems(self) -> list[str]:
-        """What stops a run from starting, each with its fix (empty: ready to train)."""
-        return running.blocking_problems(self)
-
-    def _run_on_loop(self, fn):
-        return self._loop().call(fn)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SessionClosed(self.directory)
 
     @property
     def closed(self) -> bool:
         """Whether `close()` was called (then every use raises SessionClosed)."""
-        return self._closed
-
-    def _loop(self):
-        if self._portal is None:
-            self._check_open()
-            from .._loopthread import track
-
-            self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))
-            # a script that ends without close() must not hang at exit: the loop is stopped
-            # during threading shutdown, before threads are joined (see _loopthread)
-            track(self)
-        return self._portal
-
+        return self._context.closed

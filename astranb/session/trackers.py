@@ -246,7 +246,7 @@ class TensorBoard:
         self.path = self.logdir if self.logdir is not None else directory / "tb"
         self._writer = SummaryWriter(str(self.path))
         policies = hyperparameters.get("policies") or {}
-        for summary in hparams(flat_params(hyperparameters),
+        for summary in hparams(flat_params(hyperparameters),  # type: ignore[no-untyped-call]
                                {f"{name}/reward": 0.0 for name in policies}):
             self._writer.file_writer.add_summary(summary)
         text = json.dumps(hyperparameters, indent=2, default=repr)
@@ -366,7 +366,7 @@ def _wandb_log_ended(path: Path) -> bool | None:
         record.ParseFromString(last)
     except Exception:  # noqa: BLE001 - a format this reader does not know: do not wait
         return None
-    return record.WhichOneof("record_type") == "exit"
+    return bool(record.WhichOneof("record_type") == "exit")
 
 
 _MLFLOW_NAME = re.compile(r"[^0-9A-Za-z_\-. :/]")

@@ -1,10 +1,11 @@
 """What is wired to what in a session: environments, their roles, and the policies filling them.
 
-`session.wiring` is a live view (it reads the session on every call) with three forms: `text()`
-for scripts and logs, `_repr_html_()` so a notebook cell ending in `session.wiring` shows a small
-table, and `problems()`, every reason a run would fail or surprise you, each with the call that
-fixes it. `apply()` rewires an environment (it calls `session.wire`, keeping the weight), and
-`parse()` reads role=policy pairs from text for headless wiring:
+`session.wiring` is a live view (it reads the session's `RunContext` on every call) with three
+forms: `text()` for scripts and logs, `_repr_html_()` so a notebook cell ending in
+`session.wiring` shows a small table, and `problems()`, every reason a run would fail or surprise
+you, each with the call that fixes it. `apply()` rewires an environment (it calls
+`session.wire`, keeping the weight), and `parse()` reads role=policy pairs from text for
+headless wiring:
 
     session.wiring.apply(env, **session.wiring.parse("solver=a, verifier=b"))
     print(session.wiring)
@@ -20,14 +21,13 @@ interactive form on top of it.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..environments.base import Environment
+from .context import RunContext
+from .launch import blocking_problems
 from .policy import Policy
-
-if TYPE_CHECKING:
-    from .session import Session
 
 __all__ = ["Wiring", "PolicyView", "EnvironmentView", "parse", "graph_html", "problems_html"]
 
@@ -102,25 +102,27 @@ class Wiring:
     """A live view of a session's wiring (see the module docstring); `session.wiring` makes one.
 
     Args:
-        session: the session to show and rewire.
+        context: the session's run context, whose policies and wiring it shows.
+        wire: how `apply` rewires: the session's `wire` (which checks what it is given).
     """
 
     parse = staticmethod(parse)
 
-    def __init__(self, session: Session):
-        self._session = session
+    def __init__(self, context: RunContext, wire: Callable[..., Environment]):
+        self._context = context
+        self._wire = wire
 
     @property
     def policies(self) -> list[PolicyView]:
         """Every policy of the session, in creation order."""
-        return [_policy_view(p) for p in self._session.policies.values()]
+        return [_policy_view(p) for p in self._context.policies.values()]
 
     @property
     def environments(self) -> list[EnvironmentView]:
         """Every wired environment, in the order they were (last) wired."""
         views: list[EnvironmentView] = []
         seen: dict[str, int] = {}
-        for env, roles, weight in self._session._wiring:
+        for env, roles, weight in self._context.wiring:
             seen[env.name] = seen.get(env.name, 0) + 1
             label = env.name if seen[env.name] == 1 else f"{env.name} #{seen[env.name]}"
             edges = {r: roles[r].name if r in roles else None for r in env.roles}
@@ -134,10 +136,10 @@ class Wiring:
         mixing local and remote policies, and, prefixed "warning: ", policies no run trains
         (left out with `warnings=False`). Empty: ready to train.
         """
-        problems = list(self._session._blocking_problems())
-        for env, roles, _ in self._session._wiring:
+        problems = blocking_problems(self._context)
+        for env, roles, _ in self._context.wiring:
             problems.extend(_mixed_locality(env, roles))
-        if self._session._wiring and warnings:
+        if self._context.wiring and warnings:
             problems.extend(self._unused())
         return problems
 
@@ -157,9 +159,9 @@ class Wiring:
         if isinstance(env, str):
             env = next((v.env for v in self.environments if v.label == env), env)
         if weight is None:
-            weight = next((w for e, _, w in self._session._wiring if e is env), 1.0)
+            weight = next((w for e, _, w in self._context.wiring if e is env), 1.0)
         policies = {role: self._policy(p) for role, p in roles.items()}
-        return self._session.wire(env, weight=weight, **policies)
+        return self._wire(env, weight=weight, **policies)
 
     def text(self) -> str:
         """The wiring as indented text, one line per role, then the problems."""
@@ -192,15 +194,15 @@ class Wiring:
         if isinstance(policy, Policy):
             return policy
         try:
-            return self._session.policies[policy]
+            return self._context.policies[policy]
         except KeyError:
             raise ValueError(f"no policy named {policy!r}; this session's policies are "
-                             f"{sorted(self._session.policies)} (session.policy(...) adds one)"
+                             f"{sorted(self._context.policies)} (session.policy(...) adds one)"
                              ) from None
 
     def _unused(self) -> list[str]:
-        used = {p.name for _, roles, _ in self._session._wiring for p in roles.values()}
-        unused = [name for name in self._session.policies if name not in used]
+        used = {p.name for _, roles, _ in self._context.wiring for p in roles.values()}
+        unused = [name for name in self._context.policies if name not in used]
         if not unused:
             return []
         env, role = self._free_role()
@@ -210,11 +212,11 @@ class Wiring:
 
     def _free_role(self) -> tuple[Environment, str]:
         """A role to suggest wiring an unused policy to: an unwired one if any."""
-        for env, roles, _ in self._session._wiring:
+        for env, roles, _ in self._context.wiring:
             for role in env.roles:
                 if role not in roles:
                     return env, role
-        env = self._session._wiring[0][0]
+        env = self._context.wiring[0][0]
         return env, env.roles[0]
 
 
