@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,9 +212,13 @@ def imports_of(path: Path) -> list[Import]:
     return found
 
 
-def all_imports() -> Iterator[Import]:
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield from imports_of(path)
+def all_imports() -> tuple[Import, ...]:
+    return imports_under(PACKAGE)
+
+
+@functools.cache  # every rule reads the same imports (a planted package is another PACKAGE)
+def imports_under(package: Path) -> tuple[Import, ...]:
+    return tuple(i for path in sorted(package.rglob("*.py")) for i in imports_of(path))
 
 
 def under(module: str, *prefixes: str) -> bool:
