@@ -81,7 +81,7 @@ __all__ = [
 
 # The step-through debugger lives in the notebook UI package; it is imported on first use so
 # that `import astranb` never loads display code.
-_LAZY = {"debug": "astranb.notebook.debugger", "EpisodeDebugger": "astranb.notebook.debugger"}
+_LAZY = {"debug": "astranb.notebook.debug", "EpisodeDebugger": "astranb.notebook.debugger"}
 
 
 def __getattr__(name: str) -> object:

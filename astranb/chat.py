@@ -1,4 +1,5 @@
-"""Chat with tools: the chat templates, tool schemas, and parsing what an assistant wrote.
+"""Chat with tools: the chat templates, tool schemas, parsing what an assistant wrote, and a
+conversation's tokens.
 
 A chat model sees a conversation as text in its chat template. Tools are announced in the system
 part as JSON schemas; the model asks for one by writing a block
@@ -14,6 +15,12 @@ pure parts of that loop, with no torch or transformers import:
     parsed = parse_assistant(completion)      # content, reasoning, tool calls, errors
     text = render_tool_result(calculator(**parsed.tool_calls[0].arguments))
 
+and the token-in/token-out step that chat episodes (environments/conversation.py) and SFT batches
+(training/sft.py) share, on any tokenizer with a chat template:
+
+    text = render(tokenizer, messages, schemas_of(tools))   # the template's text
+    ids = extend(tokenizer, kept_ids, text) or encode(tokenizer, text)
+
 `CHAT_TEMPLATE` is the Jinja template of `astranb.models.tiny_chat()`. It is append-only: the
 rendering of the first k messages is a prefix of the rendering of any longer conversation, so a
 multi-turn episode can keep the tokens it sampled instead of re-tokenizing its history.
@@ -28,7 +35,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +48,10 @@ __all__ = [
     "tool_schema",
     "parse_assistant",
     "render_tool_result",
+    "schemas_of",
+    "render",
+    "extend",
+    "encode",
 ]
 
 # -- chat templates -------------------------------------------------------------------------------
@@ -434,3 +445,39 @@ def render_tool_result(result: Any) -> str:
         return repr(result)
     except Exception:  # a broken __repr__ must not end the episode
         return f"<{type(result).__name__} object>"
+
+
+# -- a conversation's tokens ------------------------------------------------------------------
+# A prompt extends the ids kept so far by only the template's new text (see the module doc).
+def schemas_of(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
+    """JSON schemas of the tool functions (from their signatures and docstrings)."""
+    return [tool_schema(fn) for fn in tools]
+
+
+def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
+           schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The chat template's text for `messages`, ending with the assistant generation prompt."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "ctx.chat needs a tokenizer with a chat template; this policy's tokenizer has none. "
+            "Use a chat model (astranb.models.tiny_chat() or an instruct model via "
+            "astranb.models.hf(...)), or call ctx.generate with a text prompt"
+        )
+    text = tokenizer.apply_chat_template(
+        list(messages), tools=list(schemas) or None, add_generation_prompt=True, tokenize=False)
+    return str(text)
+
+
+def extend(tokenizer: Any, ids: Sequence[int], text: str) -> tuple[int, ...] | None:
+    """`ids` plus the tokens of the part of `text` after what `ids` decode to (the kept tokens are
+    never tokenized again); None when `text` does not start with them (the template rewrote the
+    history)."""
+    before = tokenizer.decode(list(ids), skip_special_tokens=False)
+    if not text.startswith(before):
+        return None
+    return tuple(ids) + encode(tokenizer, text[len(before):])
+
+
+def encode(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """Token ids of template text (its special tokens are written out; none are added)."""
+    return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))

@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 from .lifeline import follow_parent
+from .papermill_run import cell_label, check_parameters, import_papermill, parse_value
 
-__all__ = ["main", "parse_value"]
+__all__ = ["main"]
 
 INTERRUPTED = "stopped by Ctrl-C"
 EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
@@ -185,34 +186,14 @@ def _add_sweep_parser(commands) -> None:
                        help="seconds any one cell may run (default: no limit)")
 
 
-def parse_value(text: str):
-    """A -p VALUE as papermill's command line reads it.
-
-    Args:
-        text: the value as typed.
-
-    Returns:
-        True, False or None for those words, else an int, else a float, else the text itself.
-    """
-    words = {"True": True, "False": False, "None": None}
-    if text in words:
-        return words[text]
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def _run_notebook(args) -> int:
-    papermill = _import_papermill()
+    papermill = import_papermill()
     notebook = Path(args.notebook)
     if not notebook.is_file():
         raise ValueError(f"notebook {str(notebook)!r} not found (looked in {Path.cwd()}); "
                          "give the path to an .ipynb file")
     parameters = {name: parse_value(value) for name, value in args.parameters}
-    _check_parameters(papermill, notebook, parameters)
+    check_parameters(papermill, notebook, parameters)
     out = Path(args.output_dir)
     stem = args.name or notebook.stem
     executed, exported = out / f"{stem}.ipynb", out / f"{stem}.html"
@@ -235,34 +216,6 @@ def _run_notebook(args) -> int:
         print(f"astranb: {notebook} failed: {failure}", file=sys.stderr)
         return 1
     return 0
-
-
-def _import_papermill():
-    try:
-        import nbconvert  # noqa: F401  (the HTML export, checked before anything runs)
-        import papermill
-    except ImportError:
-        raise ValueError('`astranb run` needs papermill and nbconvert: '
-                         'pip install "astranb[notebook]"') from None
-    return papermill
-
-
-def _check_parameters(papermill, notebook: Path, parameters: dict) -> None:
-    """Refuse -p names the notebook's parameters cell does not set (papermill only warns)."""
-    if not parameters:
-        return
-    import nbformat
-
-    cells = nbformat.read(notebook, as_version=4).cells
-    if not any("parameters" in cell.metadata.get("tags", []) for cell in cells):
-        raise ValueError(f"{notebook} has no cell tagged 'parameters', so -p has nothing to "
-                         "override; tag the cell that sets its defaults 'parameters' "
-                         "(JupyterLab: property inspector, cell tags)")
-    known = papermill.inspect_notebook(str(notebook))
-    unknown = sorted(set(parameters) - set(known))
-    if unknown:
-        raise ValueError(f"{notebook} has no parameter(s) {', '.join(unknown)}; its parameters "
-                         f"cell sets: {', '.join(known) or 'nothing'}")
 
 
 def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: Path,
@@ -288,7 +241,7 @@ def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: P
                          "installed; install ipykernel in this environment or change the "
                          "notebook's kernel") from None
     except papermill.PapermillExecutionError as error:
-        cell = _cell_label(error.exec_count, error.source)
+        cell = cell_label(error.exec_count, error.source)
         if watch.pressed:
             return f"{INTERRUPTED} in cell {cell}"
         return f"cell {cell} raised {error.ename}: {error.evalue}"
@@ -296,7 +249,7 @@ def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: P
         last = watch.last_cell
         if last is None:
             return f"{INTERRUPTED} before the first cell"
-        return f"{INTERRUPTED} after cell {_cell_label(last.get('execution_count'), last.source)}"
+        return f"{INTERRUPTED} after cell {cell_label(last.get('execution_count'), last.source)}"
     except KeyboardInterrupt:  # the second Ctrl-C: papermill was stopped wherever it was
         watch.signal_kernels(signal.SIGKILL)
         return (f"{INTERRUPTED} twice, in cell {_last_started(executed)}: the kernel was "
@@ -310,13 +263,8 @@ def _execute(papermill, notebook: Path, executed: Path, parameters: dict, cwd: P
     return None
 
 
-def _cell_label(exec_count, source: str) -> str:
-    first_line = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    return f"In [{exec_count}] ({first_line[:80]!r})"
-
-
 def _last_started(executed: Path) -> str:
-    """The last cell papermill started, named as `_cell_label` does ("?" if unknown)."""
+    """The last cell papermill started, named as `cell_label` does ("?" if unknown)."""
     import nbformat
 
     try:
@@ -324,7 +272,7 @@ def _last_started(executed: Path) -> str:
     except (OSError, ValueError):
         return "?"
     started = [c for c in cells if c.metadata.get("papermill", {}).get("start_time")]
-    return _cell_label(started[-1].get("execution_count"), started[-1].source) if started else "?"
+    return cell_label(started[-1].get("execution_count"), started[-1].source) if started else "?"
 
 
 def _export_html(executed: Path, exported: Path) -> None:

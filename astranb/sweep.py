@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli import _cell_label, _check_parameters, _import_papermill, parse_value
+from .papermill_run import cell_label, check_parameters, import_papermill, parse_value
 from .session.history import RENAMED, find_run_folders, read_run_folder
 from .session.report import write_json
 
@@ -159,7 +159,7 @@ def cell_error(executed: Path) -> tuple[str, str] | None:
             if output.get("output_type") == "error":
                 message = (output.get("evalue") or "").strip().splitlines()
                 first = f"{output.get('ename')}: {message[0]}" if message else output.get("ename")
-                return str(first), _cell_label(cell.get("execution_count"), cell.source)
+                return str(first), cell_label(cell.get("execution_count"), cell.source)
     return None
 
 
@@ -314,7 +314,7 @@ def summary_text(table: pandas.DataFrame, parameters: Sequence[str]) -> str:
 def run_sweep(args: Any) -> int:
     """`astranb sweep` (arguments parsed by cli.py). Returns 0 when every point ran, 1 when
     any failed; bad arguments raise ValueError (exit status 2)."""
-    papermill = _import_papermill()
+    papermill = import_papermill()
     notebook = Path(args.notebook)
     if not notebook.is_file():
         raise ValueError(f"notebook {str(notebook)!r} not found (looked in {Path.cwd()}); "
@@ -325,7 +325,7 @@ def run_sweep(args: Any) -> int:
         raise ValueError(f"-p {', '.join(given)}: the sweep gives every point its own "
                          f"{' and '.join(OWNED)} inside OUTDIR (so points never share a run "
                          "folder); leave them out")
-    _check_parameters(papermill, notebook, {name: parse_value(v[0]) for name, v in axes})
+    check_parameters(papermill, notebook, {name: parse_value(v[0]) for name, v in axes})
     known = papermill.inspect_notebook(str(notebook))
     owned = [name for name in OWNED if name in known]
     if args.jobs < 1:

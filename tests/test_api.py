@@ -4,8 +4,6 @@ import inspect
 import re
 from pathlib import Path
 
-import pytest
-
 import astranb as ab
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -87,17 +85,6 @@ def test_main_signatures():
         assert callable(getattr(ab.LocalTrainer, method))
     for contract in (ab.Trainer, ab.Engine, ab.Publisher):
         assert getattr(contract, "_is_protocol", False), contract
-
-
-@pytest.mark.slow  # a fresh interpreter; test_layers.py checks the same imports
-def test_core_never_imports_widget_libraries():
-    import subprocess
-    import sys
-
-    # a fresh interpreter: other tests in this process may have loaded the widgets on purpose
-    code = ("import astranb, astranb.session.wiring, sys; "
-            "assert 'ipywidgets' not in sys.modules and 'plotly' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_errors_share_one_base_and_keep_their_builtin_bases():

@@ -10,11 +10,10 @@ import pytest
 
 import astranb as ab
 from astranb import models
-from astranb.chat import THINK_STRIPPING_TEMPLATE
+from astranb.chat import THINK_STRIPPING_TEMPLATE, encode
 from astranb.dataflow.batcher import build_batch, chains
 from astranb.dataflow.buffer import Group
 from astranb.engines import HFEngine
-from astranb.environments.conversation import encode
 from astranb.types import Generation, GenerationRequest
 
 SPEC = models.tiny_chat()

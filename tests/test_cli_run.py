@@ -13,7 +13,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from astranb.cli import main, parse_value
+from astranb.cli import main
+from astranb.papermill_run import parse_value
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ..chat import schemas_of
 from ..errors import EpisodeTruncated
 from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
-from .conversation import ChatMessage, Conversations, ToolOutcome, completion_text, schemas_of
+from .conversation import ChatMessage, Conversations, ToolOutcome, completion_text
 
 if TYPE_CHECKING:
     from ..contracts import PolicyHandle

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat import encode, extend, render
 from ..types import Generation
 
 __all__ = ["ChatMessage", "ToolOutcome", "Conversations", "REBUILT"]
@@ -166,35 +167,6 @@ class Conversations:
         return False
 
 
-def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
-           schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The chat template's text for `messages`, ending with the assistant generation prompt."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            "ctx.chat needs a tokenizer with a chat template; this policy's tokenizer has none. "
-            "Use a chat model (astranb.models.tiny_chat() or an instruct model via "
-            "astranb.models.hf(...)), or call ctx.generate with a text prompt"
-        )
-    text = tokenizer.apply_chat_template(
-        list(messages), tools=list(schemas) or None, add_generation_prompt=True, tokenize=False)
-    return str(text)
-
-
-def extend(tokenizer: Any, ids: Sequence[int], text: str) -> tuple[int, ...] | None:
-    """`ids` plus the tokens of the part of `text` after what `ids` decode to (the kept tokens are
-    never tokenized again); None when `text` does not start with them (the template rewrote the
-    history)."""
-    before = tokenizer.decode(list(ids), skip_special_tokens=False)
-    if not text.startswith(before):
-        return None
-    return tuple(ids) + encode(tokenizer, text[len(before):])
-
-
-def encode(tokenizer: Any, text: str) -> tuple[int, ...]:
-    """Token ids of template text (its special tokens are written out; none are added)."""
-    return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
-
-
 def completion_text(tokenizer: Any, generation: Generation) -> str:
     """The completion as the conversation keeps it: decoded as sampled, the EOS left out (the
     template writes its own end of turn)."""
@@ -202,10 +174,3 @@ def completion_text(tokenizer: Any, generation: Generation) -> str:
     if ids and ids[-1] == tokenizer.eos_token_id:
         ids = ids[:-1]
     return str(tokenizer.decode(ids, skip_special_tokens=False))
-
-
-def schemas_of(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
-    """JSON schemas of the tool functions (from their signatures and docstrings)."""
-    from ..chat import tool_schema
-
-    return [tool_schema(fn) for fn in tools]

@@ -1,7 +1,7 @@
 """The step-through episode debugger: every generate call and tool call of one episode, in order.
 
     dbg = run.episodes[3].show()                  # a recorded episode (displayed, and returned)
-    dbg = ab.debug(env, sample, solver=policy)    # a fresh episode, played now
+    dbg = ab.debug(env, sample, solver=policy)    # a fresh episode, played now (notebook/debug.py)
     dbg.forward(); dbg.back(); dbg.goto(2)        # each returns the step it lands on
     dbg.run_until(lambda s: s.kind == "tool" and s.result is False)
     fixed = dbg.edit(0, "7").rescore()            # the episode played again with turn 0 saying "7"
@@ -24,21 +24,21 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anyio.from_thread import start_blocking_portal
 
-from .. import environments
-from ..environments.base import Environment
-from ..environments.play import play_episode
-from ..session.policy import Policy
-from ..session.recorder import Episode
 from ..types import agent_depth, jsonable
 from . import viewer
 from .display import cell_number, display_mode, in_kernel, publish
 from .replay import replay
 
-__all__ = ["EpisodeDebugger", "Step", "debug"]
+if TYPE_CHECKING:  # Episode.debugger() opens this module: it reads episodes, never imports them
+    from ..environments.base import Environment
+    from ..session.policy import Policy
+    from ..session.recorder import Episode
+
+__all__ = ["EpisodeDebugger", "Step"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -258,10 +258,11 @@ class EpisodeDebugger:
         except BaseException:
             self._edits = edits  # nothing was re-scored: keep them
             raise
-        episode = Episode(self.episode.index, self.episode.group, dict(self.episode.sample),
-                          played.turns, played.rewards, played.error,
-                          self.episode.trainer_version, played.tool_calls, env.name, env,
-                          self._tokenizers)
+        # the episode's own class (see the TYPE_CHECKING import above)
+        episode = type(self.episode)(
+            self.episode.index, self.episode.group, dict(self.episode.sample), played.turns,
+            played.rewards, played.error, self.episode.trainer_version, played.tool_calls,
+            env.name, env, self._tokenizers)
         new = EpisodeDebugger(episode, self._policies, previous=self)
         first = min(edits, default=None)
         edited = next((s for s in new._steps if s.kind == "generate" and s.turn == first), None)
@@ -336,62 +337,7 @@ class EpisodeDebugger:
         return f"{which}, sample {dict(e.sample)}"
 
 
-def debug(env: Environment | str, sample: Mapping[str, Any] | None = None, /,
-          **policies: Policy) -> EpisodeDebugger:
-    """Play one fresh episode with the given policies and open it in the debugger.
-
-    Args:
-        env: an Environment, or the name of an installed one.
-        sample: the sample to play (default: the first of `env.samples()`).
-        **policies: role -> policy, one for each of the environment's roles.
-
-    Returns:
-        An EpisodeDebugger at the first step; its `rescore` samples turns after an edit afresh.
-        A failed episode is still returned (its last step holds the traceback).
-
-    Raises:
-        ValueError: a role is missing or unknown, or a policy has no engine in this process.
-    """
-    if isinstance(env, str):
-        env = environments.load(env)
-    if not isinstance(env, Environment):
-        raise TypeError(f"debug() takes an Environment or a registered name, got {env!r}")
-    _check_roles(env, policies)
-    if sample is None:
-        sample = next(iter(env.samples()))
-    if not isinstance(sample, Mapping):
-        raise TypeError(f"sample must be a dict like those env.samples() yields, got {sample!r}")
-    return EpisodeDebugger(_call(_play, env, dict(sample), policies), policies)
-
-
 # -- internals -------------------------------------------------------------------------------------
-
-def _check_roles(env: Environment, policies: Mapping[str, Any]) -> None:
-    unknown = sorted(set(policies) - set(env.roles))
-    missing = [r for r in env.roles if r not in policies]
-    if unknown or missing:
-        problems = ([f"unknown role(s) {unknown}"] if unknown else []) + (
-            [f"no policy for role(s) {missing}"] if missing else [])
-        example = ", ".join(f"{r}=policy" for r in env.roles)
-        raise ValueError(f"{env.name} has roles {env.roles}: {'; '.join(problems)}. "
-                         f"Call ab.debug(env, sample, {example})")
-    for role, policy in policies.items():
-        if not isinstance(policy, Policy):
-            raise TypeError(f"role {role!r} must be given a Policy (session.policy(...)), "
-                            f"got {policy!r}")
-        if policy.engine is None:
-            raise ValueError(f"policy {policy.name!r} samples on rollout services; ab.debug plays "
-                             "the episode in this process and needs a policy with a local engine")
-
-
-async def _play(env: Environment, sample: dict[str, Any],
-                policies: Mapping[str, Policy]) -> Episode:
-    # index and group -1: a fresh episode, not one of a run's
-    traj = await play_episode(env, policies, sample)
-    version = min((p.version for p in policies.values()), default=0)
-    return Episode.from_trajectory(traj, -1, version, environment=env,
-                                   tokenizers={p.name: p.tokenizer for p in policies.values()})
-
 
 def _call(fn, *args):
     """Run `fn(*args)` to completion on an event loop of its own, in a background thread (like

@@ -33,34 +33,16 @@ from .recorder import Recorder
 from .report import RunInfo
 from .run import Run
 from .trackers import Tracker, Trackers, run_hyperparameters
+from .wiring import blocking_problems
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
     from .policy import Policy
 
-__all__ = ["blocking_problems", "check_ready", "start", "run_main", "accounting", "root_cause",
+__all__ = ["check_ready", "start", "run_main", "accounting", "root_cause",
            "decoder"]
 
 Wired = Sequence[tuple["Environment", Mapping[str, "Policy"], float]]
-
-
-def blocking_problems(context: RunContext) -> list[str]:
-    """What stops a run from starting, each with its fix (empty: ready to train)."""
-    if not context.wiring:
-        return ["nothing is wired; call session.wire(env, role=policy) first"]
-    problems = []
-    for env, wiring, _ in context.wiring:
-        missing = [r for r in env.roles if r not in wiring]
-        if missing:
-            hint = ", ".join(f"{r}=<policy>" for r in missing)
-            problems.append(f"role(s) {missing} of {env.name} are not wired; "
-                            f"call session.wire(env, {hint})")
-        for role, policy in wiring.items():
-            if context.policies.get(policy.name) is not policy:
-                problems.append(f"role {role!r} of {env.name} is wired to policy "
-                                f"{policy.name!r}, which is not in this session any more; "
-                                "wire it to one of " + str(sorted(context.policies)))
-    return problems
 
 
 def check_ready(context: RunContext) -> list[tuple[Environment, dict[str, Policy], float]]:

@@ -26,13 +26,32 @@ from dataclasses import dataclass
 
 from ..environments.base import Environment
 from .context import RunContext
-from .launch import blocking_problems
 from .policy import Policy
 
-__all__ = ["Wiring", "PolicyView", "EnvironmentView", "parse", "graph_html", "problems_html"]
+__all__ = ["Wiring", "blocking_problems", "PolicyView", "EnvironmentView", "parse", "graph_html",
+           "problems_html"]
 
 WARNING = "warning: "
 """Prefix of the problems that do not stop a run."""
+
+
+def blocking_problems(context: RunContext) -> list[str]:
+    """What stops a run from starting, each with its fix (empty: ready to train)."""
+    if not context.wiring:
+        return ["nothing is wired; call session.wire(env, role=policy) first"]
+    problems = []
+    for env, wiring, _ in context.wiring:
+        missing = [r for r in env.roles if r not in wiring]
+        if missing:
+            hint = ", ".join(f"{r}=<policy>" for r in missing)
+            problems.append(f"role(s) {missing} of {env.name} are not wired; "
+                            f"call session.wire(env, {hint})")
+        for role, policy in wiring.items():
+            if context.policies.get(policy.name) is not policy:
+                problems.append(f"role {role!r} of {env.name} is wired to policy "
+                                f"{policy.name!r}, which is not in this session any more; "
+                                "wire it to one of " + str(sorted(context.policies)))
+    return problems
 
 
 @dataclass(frozen=True)

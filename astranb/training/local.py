@@ -21,8 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
-from ..engines._fastlm import FastLM
-from ..engines._sampling import top_p_filter
+from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
 
@@ -69,10 +68,10 @@ def token_logprobs(model, batch: Batch, rows: slice) -> tuple[torch.Tensor, torc
     Returns (logp_B_T, entropy_B_T) aligned with input_ids (position 0 is 0: nothing predicts
     it). The distribution is the one the engine sampled from: logits divided by each row's
     temperature, then, for rows sampled with top_p < 1, cut to the same nucleus
-    (`engines._sampling.top_p_filter`). A token outside the current nucleus (possible once the
+    (`engines.top_p_filter`). A token outside the current nucleus (possible once the
     weights moved on) gets the floor logprob LOGP_FLOOR and no gradient, instead of -inf.
 
-    Right-padded rows of a model `engines._fastlm.FastLM` supports go through its lean forward
+    Right-padded rows of a model `engines.FastLM` supports go through its lean forward
     (the same arithmetic; on a small model most of the model's own forward is Python).
     """
     ids = batch.input_ids_B_T[rows]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..environments.conversation import encode, extend, render, schemas_of
+from ..chat import encode, extend, render, schemas_of
 from ..types import Batch
 
 __all__ = ["sft_rows", "sft_batches", "Demonstration"]

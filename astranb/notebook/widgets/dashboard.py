@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..dashboard import Throttle, View
 from ..display import cell_number
+from ..panels import Throttle, View
 
 if TYPE_CHECKING:
     from ...session.run import Run

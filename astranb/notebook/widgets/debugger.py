@@ -12,10 +12,12 @@ re-scored episode (`widget.debugger`); the debugger it started from is left as i
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from ..debugger import EpisodeDebugger
+if TYPE_CHECKING:  # the debugger imports this module to show itself (EpisodeDebugger.display)
+    from ..debugger import EpisodeDebugger
 
 __all__ = ["DebuggerWidget", "debugger_widget"]
 
