@@ -50,7 +50,7 @@ from ..weights.store import WeightStore
 from . import heldout as evaluating
 from . import launch as running
 from . import restore as resuming
-from .folder import FolderLock
+from .folder import FolderLock, trainer_log
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -196,7 +196,7 @@ class Session:
                                  "payloads: leave weight_transfer out")
             trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
                                      device=self.device, dtype=dtype, full_every=full_every,
-                                     log=self.directory / f"trainer-{name}.log")
+                                     log=trainer_log(self.directory, name))
             self._stack.callback(trainer.close)
             publisher = ProcessPublisher(eng, trainer)
         else:
