@@ -226,12 +226,12 @@ def spelled_names(package: Path) -> list[str]:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         skip = _unchecked(tree)
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and id(node) not in skip):
-                found += [f"{package.name}/{relative}:{node.lineno} spells {name!r}"
-                          for name in _names_in(node.value)
-                          if (relative, name) not in ELSEWHERE]
+        strings = sorted((node.lineno, node.value) for node in ast.walk(tree)
+                         if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                         and id(node) not in skip)
+        found += [f"{package.name}/{relative}:{line} spells {name!r}"
+                  for line, text in strings for name in _names_in(text)
+                  if (relative, name) not in ELSEWHERE]
     return found
 
 

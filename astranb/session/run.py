@@ -429,7 +429,8 @@ class RunRecord:
         """The folder's run.json (settings, times, summary; see report.py), {} without one."""
         self.status: str = files.status
         """"finished", "stopped", "failed", "running", "interrupted" (its process died before
-        the run ended), or "unknown" (no run.json: a run of an older astranb)."""
+        the run ended); without run.json (a run of an older astranb) its status.json's, else
+        "unknown"."""
         self.error: str | None = files.error
         """The first line of the error that ended a failed run."""
 
