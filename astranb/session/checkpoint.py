@@ -76,7 +76,6 @@ from .folder import (  # the write errors live with the writing; re-exported her
     read_json,
     unfinished_folder,
     unfinished_folders,
-    write_json,
     write_synced,
 )
 
@@ -278,8 +277,10 @@ def _nothing_found(root: Path, skipped: Sequence[str], at_most: int | None) -> s
 # -- the run's plan -------------------------------------------------------------------------------
 
 def write_plan(directory: Path, plan: Mapping[str, Any]) -> None:
-    """Write plan.json (what a resumed run needs to rebuild the run) atomically."""
-    write_json(directory / PLAN_FILE, plan)
+    """Write plan.json (what a resumed run needs to rebuild the run) atomically. Plain
+    `json.dumps`: a value JSON cannot hold is an error here, never a changed value at resume
+    (an infinite stall_seconds stays Infinity)."""
+    atomic_write_text(directory / PLAN_FILE, json.dumps(dict(plan), indent=1))
 
 
 def read_plan(directory: Path) -> dict[str, Any]:
