@@ -95,6 +95,23 @@ def test_a_write_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads fds through /proc")
+def test_an_atomic_write_fsyncs_the_file_and_then_its_folder(tmp_path, monkeypatch):
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    atomic_write_bytes(tmp_path / "x.bin", b"abc")
+    assert (tmp_path / "x.bin").read_bytes() == b"abc"
+    assert len(synced) == 2
+    assert Path(synced[0]).parent == tmp_path and Path(synced[0]).name.startswith(".x.bin.")
+    assert synced[1] == str(tmp_path)  # the rename itself reaches the disk
+
+
 def test_write_json_writes_strict_json_and_read_json_refuses_what_is_not_an_object(tmp_path):
     path = tmp_path / "x.json"
     write_json(path, {"reward": math.nan, "n": 3})
