@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .papermill_run import cell_label, check_parameters, import_papermill, parse_value
+from .session.folder import POINT_FILE, read_json, write_json
 from .session.history import RENAMED, find_run_folders, read_run_folder
-from .session.report import write_json
 
 if TYPE_CHECKING:
     import pandas
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["Point", "grid", "plan", "point_name", "run_sweep"]
 
 OWNED = {"run_dir": "runs", "results_dir": "results"}  # parameter -> the point's own subfolder
-SWEEP_FILE, POINT_FILE, LOG_FILE = "sweep.json", "point.json", "log.txt"
+SWEEP_FILE, LOG_FILE = "sweep.json", "log.txt"  # point.json: session/folder.py
 NAME_LIMIT = 100
 
 
@@ -209,9 +209,8 @@ def clear_point(outdir: Path, name: str) -> None:
 def done_record(outdir: Path, point: Point) -> dict[str, Any] | None:
     """The record of a point that ran to the end before with the same parameter values (for
     --resume), else None."""
-    try:
-        record = json.loads((outdir / point.name / POINT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    record = read_json(outdir / point.name / POINT_FILE)
+    if record is None:
         return None
     same = record.get("parameters") == json.loads(json.dumps(point.values))
     executed = outdir / f"{point.name}.ipynb"
@@ -255,12 +254,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _scalars(path: Path) -> dict[str, Any]:
     """The top-level numbers, strings and booleans of a JSON object file ({} otherwise)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    data = read_json(path) or {}
     return {str(k): v for k, v in data.items() if isinstance(v, (int, float, str, bool))}
 
 
@@ -360,10 +354,7 @@ def run_sweep(args: Any) -> int:
 
 def _write_sweep_file(outdir: Path, notebook: Path, axes: Sequence[tuple[str, list[str]]]) -> None:
     path = outdir / SWEEP_FILE
-    try:
-        created = json.loads(path.read_text(encoding="utf-8")).get("created")
-    except (OSError, ValueError):
-        created = None
+    created = (read_json(path) or {}).get("created")
     write_json(path, {"notebook": str(notebook.resolve()), "parameters": dict(axes),
                       "created": created or time.time(), "updated": time.time()})
 

@@ -15,14 +15,14 @@ import zstandard
 import astranb as ab
 from astranb.session import episodes as records
 from astranb.session.episodes import (
-    DATA_FILE,
-    INDEX_FILE,
     DamagedRecord,
     RecordPolicy,
     Selection,
     load_frames,
     reservoir_slot,
 )
+from astranb.session.folder import EPISODES_FILE as DATA_FILE
+from astranb.session.folder import EPISODES_INDEX_FILE as INDEX_FILE
 from astranb.session.recorder import EpisodeLog, Recorder
 from astranb.types import Generation, SamplingParams, Trajectory, Turn
 

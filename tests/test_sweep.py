@@ -26,8 +26,9 @@ import pytest
 
 import astranb as ab
 from astranb.cli import main
+from astranb.session.folder import status_of
 from astranb.session.history import find_run_folders
-from astranb.session.report import status_of, summarize
+from astranb.session.report import summarize
 from astranb.sweep import axes_of, plan, point_name
 from tests.envs import CountA
 from tests.test_cli_run import html_text, write_notebook

@@ -108,20 +108,6 @@ def test_cleared_wiring(session):
                                             "(tiny-qwen3-32x2, hf), 'verifier'")
 
 
-def test_mixing_local_and_remote_policies_is_a_problem(session):
-    solver, verifier = policies(session)
-    session.wire(TwoRoles(), solver=solver, verifier=verifier)
-    engine, verifier.engine = verifier.engine, None  # as if rollout services sampled for it
-    try:
-        (problem,) = session.wiring.problems()
-        assert "verifier -> policy 'verifier' (tiny-qwen3-32x2, remote)" in session.wiring.text()
-    finally:
-        verifier.engine = engine
-    assert problem.startswith("TwoRoles mixes local and remote policies (solver -> 'solver' "
-                              "(local), verifier -> 'verifier' (remote))")
-    assert problem.endswith("session.wire(env, verifier=session.policies['solver'])")
-
-
 # -- apply and parse ---------------------------------------------------------------------------
 def test_apply_parsed_text_keeps_the_weight(session):
     solver, verifier = policies(session)

@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import shutil
-import socket
 import time
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,6 +54,30 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import AstranbError
 from ..weights.codec import checksum
+from .folder import (  # the write errors live with the writing; re-exported here
+    MANIFEST_FILE,
+    METRICS_DISCARDED_FILE,
+    METRICS_FILE,
+    PLAN_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    CheckpointWriteError,
+    RecordWriteError,
+    append_synced,
+    atomic_write_text,
+    checkpoint_folder,
+    checkpoint_folders,
+    fsync_dir,
+    fsync_file,
+    json_line,
+    jsonl_lines,
+    read_json,
+    unfinished_folder,
+    unfinished_folders,
+    write_synced,
+)
 
 __all__ = [
     "CheckpointError",
@@ -70,39 +91,12 @@ __all__ = [
     "write_plan",
     "read_plan",
     "set_aside_rows",
-    "atomic_write_bytes",
-    "atomic_write_text",
 ]
 
 FORMAT = 1
-MANIFEST = "manifest.json"
-PLAN = "plan.json"
 
 
 # -- errors ----------------------------------------------------------------------------------------
-
-class CheckpointError(AstranbError, RuntimeError):
-    """A checkpoint could not be written or read."""
-
-
-class CheckpointWriteError(CheckpointError, OSError):
-    """Writing a checkpoint (or a run's record) failed: a full disk, a read-only folder."""
-
-    def __init__(self, path: Path, error: BaseException):
-        free = _free_space(path)
-        reason = (error.strerror if isinstance(error, OSError) and error.strerror
-                  else str(error).strip().splitlines()[-1] if str(error).strip() else repr(error))
-        super().__init__(
-            f"could not write {path}: {reason} ({free} free on that disk). The "
-            "run stopped; its metrics so far and its last checkpoint stay readable. Free some "
-            "space (or make the folder writable) and resume with `session.resume()`")
-        self.path, self.error = path, error
-
-
-class RecordWriteError(CheckpointWriteError):
-    """Writing the run's record (metrics, events, episodes) failed: a full disk, a read-only
-    folder."""
-
 
 class NoCheckpoint(CheckpointError, FileNotFoundError):
     """There is nothing good to resume from."""
@@ -124,25 +118,25 @@ def write_checkpoint(root: Path, version: int, save: Any, state: Mapping[str, An
     Raises:
         CheckpointWriteError: on any OSError (full disk, read-only folder), naming the path.
     """
-    final = root / f"step-{version:06d}"
-    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    final = checkpoint_folder(root, version)
+    tmp = unfinished_folder(final)
     try:
         root.mkdir(parents=True, exist_ok=True)
         save(tmp)
-        (tmp / "state.json").write_text(json.dumps(dict(state), indent=1))
-        save_file(_rng_tensors(), tmp / "rng.safetensors")
+        (tmp / STATE_FILE).write_text(json.dumps(dict(state), indent=1))
+        save_file(_rng_tensors(), tmp / RNG_FILE)
         files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-        weights = load_file(tmp / "model.safetensors")
+        weights = load_file(tmp / WEIGHTS_FILE)
         manifest = {"format": FORMAT, "version": version, "created": time.time(),
                     "weights_checksum": checksum(weights),
                     "files": {name: _file_facts(tmp / name) for name in files}}
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
+        write_synced(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1))
         for name in files:
-            _fsync(tmp / name)
+            fsync_file(tmp / name)
         if final.exists():  # the same version again (a run resumed from an earlier point)
             shutil.rmtree(final)
         tmp.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
     # AstranbError: a trainer process's failed save; SafetensorError: safetensors' own I/O
     except (OSError, AstranbError, SafetensorError) as error:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -164,7 +158,7 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 
 def restore_rng(directory: Path) -> None:
     """Set torch's and Python's global RNGs to what a checkpoint saved."""
-    tensors = load_file(directory / "rng.safetensors")
+    tensors = load_file(directory / RNG_FILE)
     torch.set_rng_state(tensors["torch"])
     version, has_gauss = (int(v) for v in tensors["python_meta"])
     gauss = float(tensors["python_gauss"][0]) if has_gauss > 0 else None
@@ -172,10 +166,9 @@ def restore_rng(directory: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in done[:-keep]:
+    for old in checkpoint_folders(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for tmp in root.glob(".tmp-*"):  # a writer killed earlier left it
+    for tmp in unfinished_folders(root):  # a writer killed earlier left it
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -189,66 +182,6 @@ def _hash_file(path: Path) -> str:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync(path)
-    except OSError:  # some filesystems cannot fsync a directory: the rename is still atomic
-        pass
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it.
-    CheckpointWriteError (an OSError) naming the path and the free space when that fails."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointWriteError(path, error) from error
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """`atomic_write_bytes` of `text` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _free_space(path: Path) -> str:
-    for candidate in (path, *path.parents):
-        try:
-            free = shutil.disk_usage(candidate).free
-        except OSError:
-            continue
-        return _bytes(free)
-    return "unknown"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -265,18 +198,16 @@ class Checkpoint:
 
 def read_checkpoints(root: Path) -> list[Path]:
     """The finished checkpoint folders under `root`, oldest first (temporary ones left out)."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step-*") if p.is_dir())
+    return checkpoint_folders(root)
 
 
 def verify(path: Path) -> Checkpoint:
     """Check every file of a checkpoint against its manifest; CheckpointError saying what is
     wrong (a missing manifest, a file missing, short or with another hash)."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: no readable {MANIFEST} ({error}): the writer was "
+        raise CheckpointError(f"{path}: no readable {MANIFEST_FILE} ({error}): the writer was "
                               "killed before it finished") from error
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {manifest.get('format')!r}, this "
@@ -291,7 +222,7 @@ def verify(path: Path) -> Checkpoint:
                                   f"{facts['bytes']} (truncated or overwritten)")
         if _hash_file(file) != facts["xxh3"]:
             raise CheckpointError(f"{path}: {name} does not match its hash in the manifest")
-    state = json.loads((path / "state.json").read_text())
+    state = json.loads((path / STATE_FILE).read_text())
     return Checkpoint(path, int(manifest["version"]), int(manifest["weights_checksum"]), state)
 
 
@@ -346,21 +277,22 @@ def _nothing_found(root: Path, skipped: Sequence[str], at_most: int | None) -> s
 # -- the run's plan -------------------------------------------------------------------------------
 
 def write_plan(directory: Path, plan: Mapping[str, Any]) -> None:
-    """Write plan.json (what a resumed run needs to rebuild the run) atomically."""
-    atomic_write_text(directory / PLAN, json.dumps(dict(plan), indent=1))
+    """Write plan.json (what a resumed run needs to rebuild the run) atomically. Plain
+    `json.dumps`: a value JSON cannot hold is an error here, never a changed value at resume
+    (an infinite stall_seconds stays Infinity)."""
+    atomic_write_text(directory / PLAN_FILE, json.dumps(dict(plan), indent=1))
 
 
 def read_plan(directory: Path) -> dict[str, Any]:
-    path = directory / PLAN
-    if not path.is_file():
-        raise NoCheckpoint(f"{directory} has no {PLAN}: it was not trained with "
+    """plan.json of a run folder; NoCheckpoint without one."""
+    if not (directory / PLAN_FILE).is_file():
+        raise NoCheckpoint(f"{directory} has no {PLAN_FILE}: it was not trained with "
                            "checkpoint_every=N, so there is nothing to resume")
-    plan: dict[str, Any] = json.loads(path.read_text())
+    plan = read_json(directory / PLAN_FILE)
+    if plan is None:
+        raise CheckpointError(f"{directory / PLAN_FILE} cannot be read as JSON (damaged); "
+                              "the run cannot be resumed, start it again with session.train")
     return plan
-
-
-def lock_owner() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
 
 
 # -- the metrics record ----------------------------------------------------------------------------
@@ -372,32 +304,18 @@ def set_aside_rows(directory: Path, versions: Mapping[str, int]) -> list[dict[st
     appended to metrics.discarded.jsonl, nothing is deleted. Returns the rows kept. A torn last
     line (the process died mid-write) is set aside too.
     """
-    path = directory / "metrics.jsonl"
-    if not path.is_file():
-        return []
+    path = directory / METRICS_FILE
     kept: list[dict[str, Any]] = []
     dropped: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            dropped.append(line)
-            continue
-        policy, step = row.get("policy"), row.get("step")
-        if isinstance(step, int) and policy in versions and step >= versions[policy]:
-            dropped.append(line)
-        else:
+    for line, row in jsonl_lines(path):
+        step = None if row is None else row.get("step")
+        if row is not None and not (isinstance(step, int) and row.get("policy") in versions
+                                    and step >= versions[row["policy"]]):
             kept.append(row)
+        else:
+            dropped.append(line)
     if dropped:
-        with open(directory / "metrics.discarded.jsonl", "a", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in dropped))
-        atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
+        append_synced(directory / METRICS_DISCARDED_FILE,
+                      "".join(line + "\n" for line in dropped).encode("utf-8"))
+        atomic_write_text(path, "".join(json_line(r) + "\n" for r in kept))
     return kept
-
-
-def describe_wiring(wired: Sequence[tuple[Any, Mapping[str, Any], float]]) -> list[dict[str, Any]]:
-    """The wiring as plain values: environment name, role -> policy name, sampling weight."""
-    return [{"env": env.name, "roles": {role: p.name for role, p in wiring.items()},
-             "weight": weight} for env, wiring, weight in wired]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import random
 import struct
 import threading
@@ -55,17 +54,19 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import zstandard
 
 from ..errors import AstranbError
-from .checkpoint import atomic_write_bytes
+from .folder import (
+    EPISODES_DISCARDED_FILE,
+    EPISODES_FILE,
+    EPISODES_INDEX_FILE,
+    append_synced,
+    atomic_write_bytes,
+)
 
 __all__ = [
-    "DATA_FILE", "INDEX_FILE", "MODES", "DamagedRecord", "Frame",
-    "FrameReader", "FrameTable", "FrameWriter", "RecordPolicy", "Selection",
-    "load_frames", "read_jsonl", "reservoir_slot", "set_aside_episodes", "DISCARDED_FILE",
+    "MODES", "DamagedRecord", "Frame", "FrameReader", "FrameTable", "FrameWriter",
+    "RecordPolicy", "Selection", "load_frames", "reservoir_slot", "set_aside_episodes",
 ]
 
-DATA_FILE = "episodes.jsonl.zst"
-DISCARDED_FILE = "episodes.discarded.jsonl.zst"
-INDEX_FILE = "episodes.index"
 MODES = ("sample", "all", "none")
 LEVEL = 9  # small frames compress in well under a millisecond even at this level
 _MAGIC = b"ABEPIX1\n"
@@ -247,7 +248,7 @@ def _scan_one(f: Any, offset: int) -> Frame | None:
 def load_frames(directory: Path) -> list[Frame]:
     """Every readable frame of a folder's record: the trusted index entries, then whole frames
     found after them."""
-    data, index = directory / DATA_FILE, directory / INDEX_FILE
+    data, index = directory / EPISODES_FILE, directory / EPISODES_INDEX_FILE
     if not data.exists():
         return []
     size = data.stat().st_size
@@ -316,7 +317,8 @@ class FrameWriter:
     rewritten first if it lacks frames a crash left unindexed."""
 
     def __init__(self, directory: Path, level: int = LEVEL):
-        self.data_path, self.index_path = directory / DATA_FILE, directory / INDEX_FILE
+        self.data_path = directory / EPISODES_FILE
+        self.index_path = directory / EPISODES_INDEX_FILE
         self.level = level
         frames = load_frames(directory)
         self.table = FrameTable(frames)
@@ -361,11 +363,11 @@ def set_aside_episodes(directory: Path, keep: Callable[[dict[str, Any]], bool]) 
     frames = load_frames(directory)
     if not frames:
         return 0
-    reader = FrameReader(directory / DATA_FILE)
+    reader = FrameReader(directory / EPISODES_FILE)
     blobs: list[tuple[bytes, int]] = []  # the new record's frames and their episode counts
     moved: list[bytes] = []
     changed = False
-    with open(directory / DATA_FILE, "rb") as record:
+    with open(directory / EPISODES_FILE, "rb") as record:
         for frame in frames:
             lines = reader.lines(frame)
             kept: list[bytes] = []
@@ -379,31 +381,13 @@ def set_aside_episodes(directory: Path, keep: Callable[[dict[str, Any]], bool]) 
                 blobs.append((encode_frame([line + b"\n" for line in kept]), len(kept)))
     if not moved:
         return 0
-    with open(directory / DISCARDED_FILE, "ab") as f:
-        f.write(encode_frame([line + b"\n" for line in moved]))
-        f.flush()
-        os.fsync(f.fileno())
-    (directory / INDEX_FILE).unlink(missing_ok=True)
-    atomic_write_bytes(directory / DATA_FILE, b"".join(blob for blob, _ in blobs))
+    append_synced(directory / EPISODES_DISCARDED_FILE,
+                  encode_frame([line + b"\n" for line in moved]))
+    (directory / EPISODES_INDEX_FILE).unlink(missing_ok=True)
+    atomic_write_bytes(directory / EPISODES_FILE, b"".join(blob for blob, _ in blobs))
     index, offset = [], 0
     for blob, episodes in blobs:
         index.append(_ENTRY.pack(offset, len(blob), episodes))
         offset += len(blob)
-    atomic_write_bytes(directory / INDEX_FILE, _MAGIC + b"".join(index))
+    atomic_write_bytes(directory / EPISODES_INDEX_FILE, _MAGIC + b"".join(index))
     return len(moved)
-
-
-# -- small files -----------------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every line of a JSON-lines file; a torn last line (a killed writer) is left out."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-

@@ -13,7 +13,6 @@ Only pandas (`runs`) and matplotlib (`compare`) are needed, imported when called
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -22,7 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .report import RUN_FILE, read_info, status_of, summarize
+from .folder import METRICS_FILE, POINT_FILE, RUN_FILE, RunFiles, read_json
+from .report import summarize
 
 if TYPE_CHECKING:
     import pandas
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RunFolder", "compare", "find_run_folders", "read_run_folder", "runs"]
 
-METRICS_FILE = "metrics.jsonl"
-POINT_FILE = "point.json"  # a sweep point's record (astranb sweep), above its run folders
-STATUS_FILE = "status.json"  # how a run ended, as `Run` writes it beside run.json
 CONFIG_FIELDS = ("steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode")
 RENAMED = {"steps": "steps_done"}  # summary keys that would hide a config column of that name
 
@@ -99,51 +96,20 @@ def read_run_folder(path: str | Path, root: str | Path | None = None) -> RunFold
         root: where the scan started: a sweep's point.json is looked for between it and the
             run folder (default: the run folder's parents up to two levels).
     """
-    path = Path(path)
-    info = read_info(path)
-    parameters = _sweep_parameters(path, Path(root) if root is not None else None)
+    files = RunFiles(path)
+    parameters = _sweep_parameters(files.path, Path(root) if root is not None else None)
+    info = files.info
     if info is None:
-        ended = _read_json(path / STATUS_FILE)
-        summary = summarize(*_metrics(path))
-        return RunFolder(path, str(ended.get("status", "unknown")), summary=summary,
-                         parameters=parameters, error=ended.get("error"))
+        return RunFolder(files.path, files.status, summary=summarize(files.rows,
+                                                                     files.evaluations),
+                         parameters=parameters, error=files.error)
     final = info.get("summary")
     if not isinstance(final, dict):  # still running, or interrupted: the rows so far
-        final = summarize(*_metrics(path), steps=(info.get("config") or {}).get("steps"))
-    return RunFolder(path, status_of(info), dict(info.get("config") or {}),
+        final = summarize(files.rows, files.evaluations,
+                          steps=(info.get("config") or {}).get("steps"))
+    return RunFolder(files.path, files.status, dict(info.get("config") or {}),
                      list(info.get("policies") or []), dict(final), parameters,
-                     info.get("started"), info.get("wall_s"), info.get("error"))
-
-
-def _metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(metrics rows, evaluation events) of a run folder; lines that do not parse are skipped
-    (the last one of a run being written may be partial)."""
-    windows = [e for e in _jsonl(path / "events.jsonl") if e.get("kind") == "evaluation"]
-    return _jsonl(path / METRICS_FILE), windows
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            rows.append(value)
-    return rows
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+                     info.get("started"), info.get("wall_s"), files.error)
 
 
 def _sweep_parameters(path: Path, root: Path | None) -> dict[str, Any]:
@@ -154,7 +120,7 @@ def _sweep_parameters(path: Path, root: Path | None) -> dict[str, Any]:
         root = root.resolve()
         above = [p for p in above if p.resolve() == root or root in p.resolve().parents]
     for folder in above[:3]:
-        point = _read_json(folder / POINT_FILE)
+        point = read_json(folder / POINT_FILE)
         if point:
             return dict(point.get("parameters") or {})
     return {}
@@ -206,7 +172,7 @@ def _curves(item: Any) -> list[_Curves]:
         return [c for _, row in item.iterrows() for c in _curves(row)]
     if hasattr(item, "directory"):  # a Run (its live rows), or a run read back (ab.open_run)
         folder = Path(item.directory)
-        rows = list(item.rows) if hasattr(item, "rows") else _jsonl(folder / METRICS_FILE)
+        rows = list(item.rows) if hasattr(item, "rows") else RunFiles(folder).rows
         settings = read_run_folder(folder).settings or _config_of(getattr(item, "config", None))
         return [_Curves(_name(folder), settings, rows)]
     if isinstance(item, (str, os.PathLike)):
@@ -221,7 +187,7 @@ def _curves(item: Any) -> list[_Curves]:
                         f"{type(item).__name__}")
     if not path.is_dir():
         raise FileNotFoundError(f"{str(path)!r} is not a run folder (<session dir>/run-NNN)")
-    return [_Curves(_name(path), read_run_folder(path).settings, _jsonl(path / METRICS_FILE))]
+    return [_Curves(_name(path), read_run_folder(path).settings, RunFiles(path).rows)]
 
 
 def _config_of(config: Any) -> dict[str, Any]:

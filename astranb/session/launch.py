@@ -29,6 +29,7 @@ from ..dataflow.ledger import parse_sample_id
 from ..dataflow.orchestrator import Source
 from .checkpoint import write_checkpoint
 from .context import RunContext
+from .folder import checkpoints_of
 from .recorder import Recorder
 from .report import RunInfo
 from .run import Run
@@ -194,7 +195,7 @@ async def _checkpoint(context: RunContext, recorder: Recorder, keep: int, policy
              "position": flow.orchestrator.position(),
              "episodes": recorder.played,
              "time": anyio.current_time() - flow.loops[0].started}
-    root = recorder.directory / "checkpoints" / policy.name
+    root = checkpoints_of(recorder.directory, policy.name)
     trainer = policy.trainer
     assert isinstance(trainer, Checkpointable)  # train() refuses checkpoints otherwise
     await anyio.to_thread.run_sync(functools.partial(

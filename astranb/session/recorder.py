@@ -34,15 +34,21 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from ..errors import FolderNotWritable
 from ..types import Trajectory, Turn, agent_depth, jsonable, register_html_view
-from .checkpoint import RecordWriteError
 from .episodes import (
-    DATA_FILE,
     FrameReader,
     FrameTable,
     FrameWriter,
     RecordPolicy,
     Selection,
     load_frames,
+)
+from .folder import (
+    EPISODES_FILE,
+    EVENTS_FILE,
+    METRICS_FILE,
+    RecordWriteError,
+    evaluation_windows,
+    json_line,
 )
 
 if TYPE_CHECKING:
@@ -312,7 +318,8 @@ class EpisodeLog(EpisodeView):
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         table = FrameTable(load_frames(self.directory))
-        super().__init__(_FrameSource(table, FrameReader(self.directory / DATA_FILE)), table.total)
+        super().__init__(_FrameSource(table, FrameReader(self.directory / EPISODES_FILE)),
+                         table.total)
 
 
 class Recorder:
@@ -338,7 +345,7 @@ class Recorder:
         self._rows: list[dict[str, Any]] = []
         self._observers: list[Callable[[str, Any], None]] = []
         self._events: list[dict[str, Any]] = []
-        self._events_path = directory / "events.jsonl"
+        self._events_path = directory / EVENTS_FILE
         # episodes: chosen per pool, written as one zstd frame per metrics row (a syscall per
         # episode cost the event loop more than playing the episode on a small model)
         self._selection = Selection(self.policy, seed)
@@ -347,7 +354,7 @@ class Recorder:
             self._writer = FrameWriter(directory)
         except OSError as error:  # before the run starts: say so, and what to do
             raise FolderNotWritable(directory, getattr(error, "error", error)) from None
-        self._metrics_file = open(directory / "metrics.jsonl", "a", encoding="utf-8")
+        self._metrics_file = open(directory / METRICS_FILE, "a", encoding="utf-8")
         self._source = _FrameSource(self._writer.table, FrameReader(self._writer.data_path),
                                     self._in_memory, self._attach)
         self._kept: deque[Episode] = deque(maxlen=recent)  # the last kept, newest last
@@ -358,10 +365,10 @@ class Recorder:
     # -- writing (event loop) ------------------------------------------------------------------
     def add_row(self, row: Mapping[str, Any]) -> None:
         row = dict(row)
-        with self._lock, self._writing(self.directory / "metrics.jsonl"):
+        with self._lock, self._writing(self.directory / METRICS_FILE):
             self._rows.append(row)
             self._write_kept()  # every kept episode that led up to this row is on disk
-            self._metrics_file.write(_json_line(row) + "\n")
+            self._metrics_file.write(json_line(row) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
 
@@ -371,7 +378,7 @@ class Recorder:
         with self._lock, self._writing(self._events_path):
             self._events.append(event)
             with open(self._events_path, "a", encoding="utf-8") as f:
-                f.write(_json_line(event) + "\n")
+                f.write(json_line(event) + "\n")
         self._emit(kind, event)
 
     @property
@@ -383,7 +390,7 @@ class Recorder:
     def evaluations(self) -> list[dict[str, Any]]:
         """The held-out evaluation windows recorded so far ("evaluation" events), in order."""
         with self._lock:
-            return [e for e in self._events if e["kind"] == "evaluation"]
+            return evaluation_windows(self._events)
 
     def add_episode(self, traj: Trajectory, trainer_version: int, *,
                     environment: Environment | None = None,
@@ -435,7 +442,7 @@ class Recorder:
     def _write_kept(self) -> None:
         kept = self._selection.take()
         if kept:
-            self._writer.write([(_json_line(e.to_json()) + "\n").encode() for e in kept])
+            self._writer.write([(json_line(e.to_json()) + "\n").encode() for e in kept])
             self._kept.extend(kept)
 
     def continue_from(self, rows: list[dict[str, Any]], played: int = 0) -> None:
@@ -501,16 +508,6 @@ class Recorder:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-
-
-def _json_line(value: Any) -> str:
-    """One line of strict JSON: NaN and infinities become null (`types.jsonable`). Records are
-    JSON-ready already almost always, so the recursive conversion only runs when the fast
-    encoder refuses (an episode holds thousands of token ids and logprobs)."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return json.dumps(jsonable(value), allow_nan=False)
 
 
 def _trajectory_html(traj: Trajectory) -> str:

@@ -8,18 +8,17 @@ reads run.json files and never the episodes.
 The session writes it twice (`RunInfo`). When the run starts: its name, the `RunConfig`, each
 policy's model, algorithm and learning rate, the environments, "status": "running", the start
 time, and the process id and host, so that a reader can tell a run whose process died without
-saying so ("interrupted", see `status_of`). When it ends, from inside the run's task (so the file
-is complete before `run.wait()` returns): "finished", "stopped" or "failed", the end time, the
-wall time, the final numbers (`summarize`, the same as `Run.summary`) and, for a failure, the
-error's first line. Each write replaces the file atomically (a temporary file, then
-`os.replace`), so a reader never sees half a record. A resumed run keeps its first start time and
+saying so ("interrupted", see `folder.status_of`). When it ends, from inside the run's task (so
+the file is complete before `run.wait()` returns): "finished", "stopped" or "failed", the end
+time, the wall time, the final numbers (`summarize`, the same as `Run.summary`) and, for a
+failure, the error's first line. Each write replaces the file atomically (`folder.write_json`),
+so a reader never sees half a record. A resumed run keeps its first start time and
 adds the time of each resumption.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import socket
@@ -32,17 +31,15 @@ from typing import TYPE_CHECKING, Any
 from ..algorithms.config import algorithm_to_dict
 from ..dataflow.config import RunConfig
 from ..types import jsonable
-from .checkpoint import atomic_write_text
+from .folder import RUN_FILE, read_json, write_json
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
     from .policy import Policy
     from .recorder import Recorder
 
-__all__ = ["RUN_FILE", "RunInfo", "error_line", "pid_alive", "policy_info", "read_info",
-           "start_info", "status_of", "summarize", "write_json"]
+__all__ = ["RunInfo", "error_line", "policy_info", "read_info", "start_info", "summarize"]
 
-RUN_FILE = "run.json"
 ENDED = ("finished", "stopped", "failed")
 
 
@@ -117,48 +114,11 @@ def error_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def pid_alive(pid: int) -> bool | None:
-    """Whether process `pid` exists on this host; None where that cannot be asked safely
-    (Windows: os.kill with signal 0 would end the process)."""
-    if os.name == "nt":
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    except OSError:
-        return None
-    return True
-
-
-def status_of(info: Mapping[str, Any], host: str | None = None) -> str:
-    """A record's status as a reader should see it: "running" only while its process lives;
-    a run whose process died on this host without writing its end is "interrupted" (a run on
-    another host cannot be checked and stays "running")."""
-    status = str(info.get("status", "unknown"))
-    if status != "running":
-        return status
-    if info.get("host") != (host or socket.gethostname()) or not isinstance(info.get("pid"), int):
-        return status
-    return "interrupted" if pid_alive(info["pid"]) is False else status
-
-
 # -- files -------------------------------------------------------------------------------------
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON whole or not at all (`checkpoint.atomic_write_text`)."""
-    atomic_write_text(path, json.dumps(jsonable(dict(data)), indent=1, allow_nan=False) + "\n")
-
-
 def read_info(directory: str | Path) -> dict[str, Any] | None:
     """The run.json of a run folder, or None without one (a run of an older astranb) or when
     it cannot be read."""
-    try:
-        data = json.loads((Path(directory) / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(Path(directory) / RUN_FILE)
 
 
 # -- the session's side ------------------------------------------------------------------------

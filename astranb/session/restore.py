@@ -48,7 +48,15 @@ from .checkpoint import (
 )
 from .context import RunContext
 from .episodes import DamagedRecord, set_aside_episodes
-from .folder import FolderLock, FolderLocked  # re-exported: they lived here first
+from .folder import (  # FolderLock(ed), next_run_folder re-exported: they lived here first
+    PLAN_FILE,
+    FolderLock,
+    FolderLocked,
+    checkpoints_of,
+    next_run_folder,
+    run_folder_path,
+    run_folders,
+)
 from .heldout import heldout, positive
 from .launch import decoder, start
 from .recorder import Recorder
@@ -122,13 +130,6 @@ def check_checkpointing(context: RunContext, checkpoint_every: int | None) -> No
                          "--checkpoint-every N`)")
 
 
-def next_run_folder(directory: Path) -> Path:
-    """run-NNN after every run folder already here (from earlier Sessions too)."""
-    taken = [int(p.name[4:]) for p in directory.glob("run-*")
-             if p.name[4:].isdigit()]
-    return directory / f"run-{max(taken, default=-1) + 1:03d}"
-
-
 def _registry(env: Any) -> dict[str, Any] | None:
     """How `ab.environments.load` made `env` (name and JSON-able arguments), or None."""
     name = getattr(env, "registry_name", None)
@@ -195,12 +196,12 @@ class Resumption:
 def run_folder(directory: Path, run: str | int | os.PathLike[str] | None) -> Path:
     """The run folder to resume: the newest one with a plan, or the one named."""
     if run is None:
-        found = sorted(p for p in directory.glob("run-*") if (p / "plan.json").is_file())
+        found = [p for p in run_folders(directory) if (p / PLAN_FILE).is_file()]
         if not found:
             raise NoCheckpoint(f"{directory} holds no run trained with checkpoint_every=N: "
                                "there is nothing to resume")
         return found[-1]
-    path = (directory / f"run-{run:03d}" if isinstance(run, int)
+    path = (run_folder_path(directory, run) if isinstance(run, int)
             else Path(run) if Path(run).is_absolute() or Path(run).exists()
             else directory / str(run))
     if not path.is_dir():
@@ -276,7 +277,7 @@ def restore(context: RunContext, directory: Path,
     wired = _wiring(context, plan, policies, envs, wire)
     checkpoints: dict[str, Checkpoint] = {}
     for name, policy in policies.items():
-        found = latest_good(directory / "checkpoints" / name)
+        found = latest_good(checkpoints_of(directory, name))
         trainer = policy.trainer
         if not isinstance(trainer, Checkpointable):
             raise CheckpointError(f"the trainer of {name!r} ({type(trainer).__name__}) cannot "

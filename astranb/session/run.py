@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..dataflow.config import RunConfig
 from ..dataflow.flow import HeldOut
-from .episodes import DATA_FILE, read_jsonl
+from .folder import EPISODES_FILE, METRICS_FILE, RunFiles, evaluation_windows
 from .recorder import Episode, EpisodeLog, EpisodeView, Recorder
-from .report import read_info, status_of, summarize
+from .report import summarize
 
 if TYPE_CHECKING:
     import pandas
@@ -130,7 +130,7 @@ class Run:
     @property
     def evaluation_rows(self) -> list[dict[str, Any]]:
         """The evaluation windows as plain dicts (what the dashboard draws from)."""
-        return [{k: v for k, v in e.items() if k != "kind"} for e in self._recorder.evaluations]
+        return _window_rows(self._recorder.evaluations)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -389,6 +389,11 @@ def _metrics_frame(rows: list[dict[str, Any]],
     return pd.DataFrame(sorted(steps + evals, key=lambda row: row["time"]))
 
 
+def _window_rows(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Evaluation windows without their event "kind" (the rows of `evaluations`)."""
+    return [{k: v for k, v in e.items() if k != "kind"} for e in windows]
+
+
 def open_run(directory: str | Path) -> RunRecord:
     """Open a run's folder (`<session dir>/run-NNN`) read-only: its metrics, events, evaluation
     windows, status and kept episodes, as it was when opened.
@@ -410,30 +415,30 @@ class RunRecord:
     or tokenizer: `episode.debugger().rescore(env=...)` re-scores one."""
 
     def __init__(self, directory: str | Path):
-        self.directory = Path(directory)
-        files = ("metrics.jsonl", DATA_FILE)
-        if not any((self.directory / name).exists() for name in files):
+        files = RunFiles(directory)
+        self.directory = files.path
+        if not files.holds_a_run():
             raise FileNotFoundError(
-                f"{self.directory} is not a run folder (it has none of {', '.join(files)}); "
-                "a session writes each run to <session directory>/run-NNN")
-        self.rows: list[dict[str, Any]] = read_jsonl(self.directory / "metrics.jsonl")
+                f"{self.directory} is not a run folder (it has none of {METRICS_FILE}, "
+                f"{EPISODES_FILE}); a session writes each run to <session directory>/run-NNN")
+        self.rows: list[dict[str, Any]] = files.rows
         """The metrics rows as plain dicts."""
-        self.events: list[dict[str, Any]] = read_jsonl(self.directory / "events.jsonl")
+        self.events: list[dict[str, Any]] = files.events
         """Things that happened outside the step rhythm (rollbacks, evaluation windows)."""
         self.episodes: EpisodeLog = EpisodeLog(self.directory)
         """The kept episodes, in completion order (list-like, read from disk when asked)."""
-        self.info: dict[str, Any] = read_info(self.directory) or {}
+        self.info: dict[str, Any] = files.info or {}
         """The folder's run.json (settings, times, summary; see report.py), {} without one."""
-        self.status: str = status_of(self.info) if self.info else "unknown"
+        self.status: str = files.status
         """"finished", "stopped", "failed", "running", "interrupted" (its process died before
-        the run ended), or "unknown" (no run.json: a run of an older astranb)."""
-        self.error: str | None = self.info.get("error")
+        the run ended); without run.json (a run of an older astranb) its status.json's, else
+        "unknown"."""
+        self.error: str | None = files.error
         """The first line of the error that ended a failed run."""
 
     @property
     def evaluation_rows(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in e.items() if k != "kind"}
-                for e in self.events if e.get("kind") == "evaluation"]
+        return _window_rows(evaluation_windows(self.events))
 
     @property
     def evaluations(self) -> pandas.DataFrame:
@@ -446,8 +451,7 @@ class RunRecord:
     def metrics(self) -> pandas.DataFrame:
         """One row per (policy, step), as `Run.metrics`; with evaluation windows also their
         `kind="eval"` rows."""
-        windows = [e for e in self.events if e.get("kind") == "evaluation"]
-        return _metrics_frame(self.rows, windows or None)
+        return _metrics_frame(self.rows, evaluation_windows(self.events) or None)
 
     def __repr__(self) -> str:
         return (f"RunRecord({self.status}, {len(self.rows)} metrics rows, "

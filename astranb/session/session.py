@@ -45,6 +45,7 @@ from ..weights.publish import EnginePublisher, StatePublisher
 from ..weights.store import WeightStore
 from . import heldout, launch, restore
 from .context import RunContext
+from .folder import trainer_log
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -201,7 +202,7 @@ class Session:
                                  "payloads: leave weight_transfer out")
             trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
                                      device=self.device, dtype=dtype, full_every=full_every,
-                                     log=self.directory / f"trainer-{name}.log")
+                                     log=trainer_log(self.directory, name))
             self._context.stack.callback(trainer.close)
             publisher = ProcessPublisher(eng, trainer)
         else:

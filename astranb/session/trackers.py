@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..algorithms.config import algorithm_to_dict
+from .folder import EVALUATION
 
 if TYPE_CHECKING:
     from ..dataflow.config import RunConfig
@@ -302,7 +303,7 @@ class WandB:
         self._run = wandb.init(**{k: v for k, v in kwargs.items() if v is not None})
 
     def log(self, step: int, scalars: Mapping[str, float], *, policy: str, kind: str) -> None:
-        axis = f"{policy}/eval/step" if kind == "evaluation" else f"{policy}/step"
+        axis = f"{policy}/eval/step" if kind == EVALUATION else f"{policy}/step"
         for tag in scalars.keys() - self._defined:
             self._run.define_metric(tag, step_metric=axis)
             self._defined.add(tag)
@@ -558,11 +559,11 @@ class Trackers:
             scalars, step = row_scalars(payload), int(payload["step"])
             for worker in self._workers:
                 worker.put(step, scalars, str(payload["policy"]), "metrics")
-        elif kind == "evaluation":
+        elif kind == EVALUATION:
             step = int(payload["version"])
             for policy, scalars in evaluation_scalars(payload, self._roles).items():
                 for worker in self._workers:
-                    worker.put(step, scalars, policy, "evaluation")
+                    worker.put(step, scalars, policy, EVALUATION)
 
     def _report(self, tracker: Tracker, stage: str, error: BaseException) -> None:
         """Tell once that a tracker failed and is off: a warning and a run event."""

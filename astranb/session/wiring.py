@@ -151,13 +151,11 @@ class Wiring:
     def problems(self, warnings: bool = True) -> list[str]:
         """What stops a run (or will surprise you), each naming the call that fixes it.
 
-        Unwired roles and policies no longer in the session come first; then environments
-        mixing local and remote policies, and, prefixed "warning: ", policies no run trains
-        (left out with `warnings=False`). Empty: ready to train.
+        Unwired roles and policies no longer in the session come first; then, prefixed
+        "warning: ", policies no run trains (left out with `warnings=False`). Empty: ready to
+        train.
         """
         problems = blocking_problems(self._context)
-        for env, roles, _ in self._context.wiring:
-            problems.extend(_mixed_locality(env, roles))
         if self._context.wiring and warnings:
             problems.extend(self._unused())
         return problems
@@ -270,22 +268,6 @@ def _policy_view(policy: Policy) -> PolicyView:
     else:  # HFEngine -> "hf", InstantEngine -> "instant"
         engine = type(policy.engine).__name__.removesuffix("Engine").lower() or "local"
     return PolicyView(policy.name, policy.spec.name, engine)
-
-
-def _mixed_locality(env: Environment, roles: dict[str, Policy]) -> list[str]:
-    """One episode cannot mix engines in this process with rollout services."""
-    ordered = [(r, roles[r]) for r in env.roles if r in roles]
-    if len({p.remote for _, p in ordered}) < 2:
-        return []
-    keep = ordered[0][1].remote  # the kind of the first role's policy stays
-    keep_name = next(p.name for _, p in ordered if p.remote == keep)
-    wrong = [r for r, p in ordered if p.remote != keep]
-    listing = ", ".join(f"{r} -> {p.name!r} ({'remote' if p.remote else 'local'})"
-                        for r, p in ordered)
-    fix = ", ".join(f"{r}=session.policies[{keep_name!r}]" for r in wrong)
-    return [f"{env.name} mixes local and remote policies ({listing}); one episode cannot use "
-            f"engines in this process and rollout services together; wire all its roles to one "
-            f"kind: session.wire(env, {fix})"]
 
 
 def _role_lines(view: EnvironmentView, policies: dict[str, PolicyView]) -> list[str]:
