@@ -42,6 +42,7 @@ from typing import Any
 
 import anyio
 
+from ..contracts import Publisher, RemoteEpisodes, Trainer
 from ..environments.base import Environment
 from ..errors import NoRolloutService, ServiceRejected
 from ..types import Trajectory
@@ -50,6 +51,7 @@ from ..weights.store import WeightStore
 from .client import RolloutClient, ServiceError, ServiceUnavailable
 from .routing import Pace, split
 from .serialize import spec_to_wire, trajectory_from_wire
+from .trainer import RemoteTrainer
 
 __all__ = ["RolloutPool", "ServicesPublisher", "NoRolloutService", "ServiceRejected"]
 
@@ -92,7 +94,7 @@ class _Waiter:
     result: Trajectory | None = None
 
 
-class RolloutPool:
+class RolloutPool(RemoteEpisodes):
     """Rollout services of a Session.
 
     Args:
@@ -529,16 +531,28 @@ def _env_name(env: Environment) -> str:
     return getattr(env, "registry_name", None) or env.name
 
 
-class ServicesPublisher:
+class ServicesPublisher(Publisher):
     """Publishes a policy's weights to the session's rollout services (`contracts.Publisher`).
 
     With a trainer service the services pull each version from it (`store` is None and the
     checksum is the remote trainer's); with a trainer in this process the weights are encoded into
     `store` here and pushed to each service.
+
+    Args:
+        pool: the session's rollout services.
+        name: the policy's name.
+        trainer: the policy's trainer: a `RemoteTrainer` when `store` is None.
+        store: the versioned store a trainer in this process publishes into.
     """
 
-    def __init__(self, pool: RolloutPool, store: WeightStore | None = None, trainer: Any = None):
-        self.pool, self.store, self._trainer = pool, store, trainer
+    def __init__(self, pool: RolloutPool, name: str, trainer: Trainer,
+                 store: WeightStore | None = None):
+        if store is None and not isinstance(trainer, RemoteTrainer):
+            raise TypeError(
+                f"policy {name!r}: the rollout services pull weights from a trainer service "
+                f"(a RemoteTrainer), and this trainer is a {type(trainer).__name__}; pass "
+                "store=WeightStore(name) to push its weights from this process instead")
+        self.pool, self.name, self.trainer, self.store = pool, name, trainer, store
 
     @property
     def where(self) -> str:
@@ -548,14 +562,16 @@ class ServicesPublisher:
     def checksum(self) -> int | None:
         if self.store is not None:
             return self.store.checksum
-        return getattr(self._trainer, "checksum", None)
+        assert isinstance(self.trainer, RemoteTrainer)  # checked when built
+        return self.trainer.checksum
 
-    def publish_initial(self, name: str, trainer: Any) -> None:
+    def publish_initial(self) -> None:
         """Version 0 into the store (the services get it when they catch up)."""
         if self.store is not None:
-            self.store.publish(trainer.version, trainer.weights())
+            self.store.publish(self.trainer.version, self.trainer.weights())
 
-    async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
+    async def publish(self) -> dict[str, Any]:
+        trainer = self.trainer
         metrics: dict[str, Any] = {}
         if self.store is not None:
             store = self.store
@@ -563,6 +579,6 @@ class ServicesPublisher:
                 lambda: store.publish(trainer.version, trainer.weights()))
             metrics = {"changed_fraction": stats.changed_fraction,
                        "encode_seconds": stats.encode_seconds}
-        metrics.update(await self.pool.publish(name, trainer.version, self))
+        metrics.update(await self.pool.publish(self.name, trainer.version, self))
         metrics["weights_checksum"] = self.checksum
         return metrics
