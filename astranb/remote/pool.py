@@ -123,7 +123,7 @@ class RolloutPool(RemoteEpisodes):
     def register_env(self, env: Environment, wiring: Mapping[str, Any]) -> None:
         """Play `env` with these role -> policy names; members register it when they catch up."""
         roles = {role: p.name for role, p in wiring.items()}
-        self._envs[id(env)] = (env, roles, getattr(env, "registry_kwargs", {}))
+        self._envs[id(env)] = (env, roles, dict(env.registry_kwargs))
         for member in self.members.values():
             if member.state != "dead":
                 member.state = "new"  # catch up (idempotent) before the next episode
@@ -279,7 +279,7 @@ class RolloutPool(RemoteEpisodes):
 
 
 def _env_name(env: Environment) -> str:
-    return getattr(env, "registry_name", None) or env.name
+    return env.registry_name or env.name
 
 
 class ServicesPublisher(Publisher):

@@ -424,5 +424,9 @@ class SimEngine(RolloutEngine):
     def availability(self) -> int:
         return self.pool.availability(self.name)
 
+    def published_weights(self) -> None:
+        """None: a simulated engine's weights are nothing."""
+        return None
+
     def close(self) -> None:
         pass
