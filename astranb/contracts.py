@@ -4,12 +4,23 @@ The dataflow (gate, buffers, orchestrator, train loop) is written against these,
 concrete engine, trainer or HTTP client, so the Session can hand it parts that run in this
 process or parts that talk to services, and the simulator parts that cost virtual time:
 
-    Engine          samples completions; takes new weights as it runs  engines/ (hf, sglang), sim
-    Trainer         one optimizer step per batch; the current weights  training/, remote/trainer
-    Publisher       brings samplers to the trainer's latest version    weights/publish, remote/pool
-    PolicyHandle    what the dataflow sees of a policy                 policy.Policy
-    RemoteEpisodes  episodes played elsewhere (rollout services)       remote/pool
-    RunRecorder     where rows, events and episodes go                 recorder.Recorder
+    Engine             samples completions; takes new weights as it runs   engines/, sim/
+    Trainer            one optimizer step per batch; the current weights   training/, remote/, sim/
+    Checkpointable     a trainer whose state is saved and loaded           LocalTrainer,
+                                                                           ProcessTrainer
+    SupervisedTrainer  a trainer that also takes supervised steps          the same two
+    Publisher          brings a policy's samplers to its trainer's version weights/, remote/, sim/
+    PolicyHandle       what the dataflow sees of a policy                  session.policy.Policy
+    RemoteEpisodes     episodes played elsewhere (rollout services)        remote.pool, sim/
+    RunRecorder        where rows, events and episodes go                  session.recorder
+
+An implementation declares the contracts it satisfies by subclassing them (`class
+LocalTrainer(Trainer, Checkpointable, SupervisedTrainer)`): that is what a reader, mypy and
+tests/test_contracts.py go by, and it gives the implementation the documented defaults of the
+contract's optional members (`Trainer.prepare`, `Publisher.overlaps_next_step`,
+`Publisher.publish_initial`). Callers never probe for a member with getattr/hasattr: what is
+optional is either declared here with a default, or a separate capability contract checked with
+isinstance (`Checkpointable`, `SupervisedTrainer`).
 
 Nothing here imports anything of astranb but `types`.
 """
@@ -33,6 +44,7 @@ __all__ = [
     "PolicyHandle",
     "RemoteEpisodes",
     "RunRecorder",
+    "SupervisedTrainer",
     "Tokenizer",
 ]
 
@@ -89,15 +101,13 @@ class Engine(Protocol):
 class Trainer(Protocol):
     """Trains one policy: a step per batch, and the weights as they are now.
 
-    `LocalTrainer` (this process), the FSDP trainer behind a trainer service (through
-    `remote.RemoteTrainer`) and the simulator's trainer satisfy it. `step` may be a plain method
-    (run in a worker thread) or a coroutine (awaited).
+    `LocalTrainer` (this process), `ProcessTrainer` (a child process), the FSDP trainer behind a
+    trainer service (through `remote.RemoteTrainer`) and the simulator's trainer satisfy it.
+    `step` may be a plain method (run in a worker thread) or a coroutine (awaited).
     """
 
-    @property
-    def version(self) -> int:
-        """Steps taken so far (the version of the current weights)."""
-        ...
+    version: int
+    """Steps taken so far (the version of the current weights)."""
 
     def step(self, batch: Batch) -> Any:
         """One optimizer step on `batch`; returns (or resolves to) its metrics."""
@@ -107,11 +117,21 @@ class Trainer(Protocol):
         """The current weights by parameter name."""
         ...
 
+    async def prepare(self, batch: Batch) -> None:
+        """Get `batch` ready for the `step` that will receive it (the train loop calls this when
+        it collects a batch, possibly while the previous step still trains).
+
+        Default: nothing to do. `ProcessTrainer` encodes the batch for its pipe here, in a
+        worker thread, so its next step only has to send the bytes.
+        """
+        return None
+
 
 @runtime_checkable
 class Checkpointable(Protocol):
     """A trainer whose state can be written to a folder and read back (`LocalTrainer`,
-    `ProcessTrainer`): what `train(checkpoint_every=...)` and `Session.resume` need."""
+    `ProcessTrainer`): what `train(checkpoint_every=...)` and `Session.resume` need. A trainer
+    service checkpoints itself and is not one."""
 
     def save(self, directory: str | os.PathLike[str]) -> Any:
         """Write weights, optimizer state and version (safetensors + JSON)."""
@@ -123,8 +143,28 @@ class Checkpointable(Protocol):
 
 
 @runtime_checkable
+class SupervisedTrainer(Protocol):
+    """A trainer that also takes supervised steps (`Policy.sft`'s warm start): `LocalTrainer`,
+    `ProcessTrainer`. Each supervised step is a weight version, as in RL."""
+
+    def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
+        """One step of negative log-likelihood on the batch's loss-masked tokens; its metrics.
+        `lr` overrides the optimizer's learning rate for this step."""
+        ...
+
+
+@runtime_checkable
 class Publisher(Protocol):
-    """Brings whatever samples for a policy to the trainer's current version."""
+    """Brings whatever samples for one policy to that policy's trainer's current version.
+
+    A publisher is built for one policy: it holds the policy's name, its trainer and the engine
+    (or rollout services) it feeds, so its methods take no arguments.
+    """
+
+    overlaps_next_step: bool = False
+    """Whether a version's weights are already in this process when `publish` starts (a trainer
+    in a child process sends them with the step's reply): the train loop may then start the
+    next step while they are applied, and collect its batch during the step. Default: False."""
 
     @property
     def where(self) -> str:
@@ -136,8 +176,16 @@ class Publisher(Protocol):
         """Checksum of the latest published weights (None before the first publish)."""
         ...
 
-    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
-        """Send `trainer`'s weights out as version `trainer.version`; transfer metrics."""
+    def publish_initial(self) -> None:
+        """Publish version 0 before the first episode (blocking: called while the policy is
+        built), so the samplers start from exactly the published weights.
+
+        Default: nothing, for samplers that already hold the trainer's starting weights (an
+        engine built from the same recipe, a simulated one)."""
+        return None
+
+    async def publish(self) -> dict[str, Any]:
+        """Send the trainer's weights out as version `trainer.version`; transfer metrics."""
         ...
 
 
@@ -151,6 +199,15 @@ class PolicyHandle(Protocol):
 
     @property
     def version(self) -> int: ...
+
+    @property
+    def overlaps_next_step(self) -> bool:
+        """Its publisher's `Publisher.overlaps_next_step`."""
+        ...
+
+    async def prepare(self, batch: Batch) -> None:
+        """Its trainer's `Trainer.prepare`."""
+        ...
 
     async def train_step(self, batch: Batch) -> dict[str, float]: ...
 

@@ -228,8 +228,8 @@ def scripted_policy(name, texts, version):
     spec = ab.models.tiny()
     tok = spec.tokenizer()
     engine = ScriptedEngine(tok, texts, version)
-    return ab.Policy(name, spec, ab.GRPO(), ab.AdamWConfig(), engine, None, StatePublisher(engine),
-                     tok)
+    return ab.Policy(name, spec, ab.GRPO(), ab.AdamWConfig(), engine, None,
+                     StatePublisher(name, engine, None), tok)
 
 
 def test_turns_roles_and_credit_assignment():

@@ -44,7 +44,7 @@ def scripted(name, *texts, version=0):
     trainer = types.SimpleNamespace(version=version)
     engine = ScriptedEngine(tok, texts, version)
     return ab.Policy(name, spec, ab.GRPO(), ab.AdamWConfig(), engine, trainer,
-                     StatePublisher(engine), tok)
+                     StatePublisher(name, engine, trainer), tok)
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ LAYERS = (
              uses=("session",)),
     )),
     Layer(2, "remote", (
-        Part("remote", ("remote/",), "HTTP clients, rollout pool, remote and process trainers"),
+        Part("remote", ("remote/",),
+             "HTTP clients, rollout pool (members, dispatch, broadcast), remote/process trainers"),
     )),
     Layer(1, "pure parts", (
         Part("models", ("models.py",), "model specs: tiny models built here, HF models"),

@@ -248,7 +248,7 @@ class ScriptedEngine:
 def scripted(name, *texts):
     engine = ScriptedEngine(texts)
     return ab.Policy(name, ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
-                     StatePublisher(engine), TOKENIZER)
+                     StatePublisher(name, engine, None), TOKENIZER)
 
 
 def play(env, sample, **wiring):

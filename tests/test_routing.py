@@ -86,7 +86,7 @@ def test_a_far_service_gets_less_work_than_a_split_blind_to_pace_gives_it(tmp_pa
     def blind(n, room, inflight, rate, lag):  # the same split, every service at the same pace
         return split(n, room, inflight, [None] * len(room), [0.0] * len(room))
 
-    monkeypatch.setattr("astranb.remote.pool.split", blind)
+    monkeypatch.setattr("astranb.remote.dispatch.split", blind)
     near_blind, far_blind = _far_share(tmp_path / "blind")
     print(f"far service's share: {far / (near + far):.2f} by pace, "
           f"{far_blind / (near_blind + far_blind):.2f} blind to it")

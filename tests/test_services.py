@@ -239,8 +239,8 @@ def test_duplicate_results_are_counted_once():
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: pool.play(_FakeEnv(), [(ids[0], {}, 0, 0)]))
             await anyio.sleep(0.01)
-            pool._deliver(result)
-            pool._deliver(result)  # e.g. a resubmitted copy finished too
+            pool.dispatch.deliver(result)
+            pool.dispatch.deliver(result)  # e.g. a resubmitted copy finished too
 
     pool._envs[id(_ENV)] = (_ENV, {}, {})
     anyio.run(play)

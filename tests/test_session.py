@@ -372,11 +372,11 @@ def test_the_next_batch_is_collected_and_encoded_while_a_step_trains(tmp_path):
         spans.append((start, time.monotonic()))
         return metrics
 
-    def recording_prepare(batch):
+    async def recording_prepare(batch):  # on the event loop (it encodes in a worker thread)
         with prepared_more:
             prepared.append((time.monotonic(), id(batch)))
             prepared_more.notify_all()
-        prepare(batch)
+        await prepare(batch)
 
     trainer.step, trainer.prepare = slow_step, recording_prepare
     with session:

@@ -134,8 +134,7 @@ class TrainLoop:
             self.recorder.add_row(row)
             return row
 
-        publisher = getattr(policy, "publisher", None)
-        if getattr(publisher, "overlaps_next_step", False) and self.barrier is None:
+        if policy.overlaps_next_step and self.barrier is None:
             # The weights are already here (the trainer sent them with the step): the engine
             # applies them while the next batch is collated and trained; its groups stay live
             # for the staleness gate until then, exactly as if we had waited.
@@ -152,9 +151,7 @@ class TrainLoop:
         )
         try:
             batch = build_batch(groups, policy.name, policy.algorithm, _pad_id(policy))
-            prepare = getattr(getattr(policy, "trainer", None), "prepare", None)
-            if prepare is not None:
-                await anyio.to_thread.run_sync(prepare, batch)
+            await policy.prepare(batch)
         except BaseException:  # cancelled (or failed) before training: the groups go back
             for group in groups:
                 self.buffer.put(group)
@@ -170,9 +167,8 @@ class TrainLoop:
         the version the batch will train at, exactly as a pop at that step would; the groups
         stay live for the gate until their own step is published. Not done with a barrier
         (the next step waits for the other policies first) or past the last step."""
-        publisher = getattr(self.policy, "publisher", None)
         if (version >= self.steps or self.barrier is not None
-                or not getattr(publisher, "overlaps_next_step", False)):
+                or not self.policy.overlaps_next_step):
             return
         self._next = asyncio.ensure_future(self._collect(version))
 

@@ -52,7 +52,8 @@ def settle(future: Future, *, result=None, exc: BaseException | None = None) -> 
 class RolloutEngine(Engine, Protocol):
     """Everything an engine implementation offers: `contracts.Engine` (what the dataflow uses:
     generate, update_weights, version, weights_checksum, close) plus what the rollout service
-    drives directly (submit from any thread, pause/resume, availability)."""
+    drives directly (submit from any thread, pause/resume, availability, and the published
+    weights a relay serves)."""
 
     def submit(self, request: GenerationRequest) -> Future[Generation]:
         """Queue a request from any thread; the Future resolves to a Generation."""
@@ -68,4 +69,9 @@ class RolloutEngine(Engine, Protocol):
 
     def availability(self) -> int:
         """Requests that could start decoding right now (0 while paused or updating)."""
+        ...
+
+    def published_weights(self) -> Mapping[str, torch.Tensor] | None:
+        """The weights exactly as last published (None if none were, or the engine keeps no
+        copy): what a rollout service relaying to its region encodes a full snapshot from."""
         ...

@@ -39,7 +39,7 @@ from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
 from ._outbox import LoopFuture, Outbox
 from ._text import Bounded, TextCache
-from .base import MirroredWeights, settle
+from .base import MirroredWeights, RolloutEngine, settle
 
 __all__ = ["HFEngine", "EngineStats"]
 
@@ -67,7 +67,7 @@ class EngineStats:
     """Wall-clock seconds the worker spent working (applying updates, prefilling, decoding)."""
 
 
-class HFEngine(MirroredWeights):
+class HFEngine(MirroredWeights, RolloutEngine):
     """Continuous-batching rollout engine with in-flight weight updates.
 
     Args:

@@ -15,12 +15,12 @@ from concurrent.futures import Future
 
 from .. import weights
 from ..types import Generation, GenerationRequest, WeightUpdate
-from .base import MirroredWeights
+from .base import MirroredWeights, RolloutEngine
 
 __all__ = ["InstantEngine"]
 
 
-class InstantEngine(MirroredWeights):
+class InstantEngine(MirroredWeights, RolloutEngine):
     """A RolloutEngine with no model (see module docstring).
 
     Args:

@@ -80,7 +80,7 @@ from ._sglang_wire import (
     _parse_stretch,
     _stretch_version,
 )
-from .base import MirroredWeights, settle
+from .base import MirroredWeights, RolloutEngine, settle
 
 __all__ = ["SGLangEngine", "SGLangError"]
 
@@ -90,7 +90,7 @@ _UPDATE_TIMEOUT = httpx.Timeout(1800.0, connect=10.0)
 SGLangError.__module__ = __name__  # defined with the wire format; its public home is here
 
 
-class SGLangEngine(MirroredWeights):
+class SGLangEngine(MirroredWeights, RolloutEngine):
     """Rollout engine backed by an SGLang server, launched here or attached to by URL.
 
     Args:

@@ -29,6 +29,7 @@ import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -70,10 +71,11 @@ class Environment(ABC):
     """Most generate() calls across the episode's whole agent tree (None: no limit); past it
     the episode ends as truncated."""
 
-    # Set on instances by `environments.load` only (how a rollout service rebuilds the same
-    # environment); read with getattr and a default, since others do not have them.
-    registry_name: str
-    registry_kwargs: dict[str, Any]
+    registry_name: str | None = None
+    """The registry name `environments.load` built it from (how a rollout service rebuilds the
+    same environment); None for an environment built directly."""
+    registry_kwargs: Mapping[str, Any] = MappingProxyType({})
+    """The keyword arguments `environments.load` passed (empty otherwise)."""
 
     @property
     def name(self) -> str:

@@ -45,6 +45,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..algorithms.config import Algorithm, algorithm_from_dict, algorithm_to_dict
+from ..contracts import Checkpointable, Publisher, SupervisedTrainer, Trainer
 from ..errors import AstranbError
 from ..lifeline import follow_parent, shielded
 from ..models import ModelSpec
@@ -110,7 +111,7 @@ def _exactly(stream: IO[bytes], n: int) -> bytes | None:
 
 # -- the notebook side ----------------------------------------------------------------------------
 
-class ProcessTrainer:
+class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
     """Trains one policy in a child process (the `Trainer` contract, plus `pull` for publishing).
 
     Args:
@@ -170,10 +171,10 @@ class ProcessTrainer:
         metrics["trainer_call_seconds"] = time.perf_counter() - start
         return metrics
 
-    def prepare(self, batch: Batch) -> None:
-        """Encode `batch` for the pipe now (the train loop calls this while the previous step
-        trains); the `step` that gets this very batch sends it as it is."""
-        self._prepared = (batch, batch_to_bytes(batch))
+    async def prepare(self, batch: Batch) -> None:
+        """Encode `batch` for the pipe now, in a worker thread (the train loop calls this while
+        the previous step trains); the `step` that gets this very batch sends it as it is."""
+        self._prepared = (batch, await anyio.to_thread.run_sync(batch_to_bytes, batch))
 
     def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
         """One supervised step in the child (see LocalTrainer.sft_step), on every core: nothing
@@ -272,12 +273,16 @@ class ProcessTrainer:
             f"({self.log or 'not kept'}) ends with:\n{tail}")
 
 
-class ProcessPublisher:
+class ProcessPublisher(Publisher):
     """Publishes a ProcessTrainer's weights to an engine in this process: the child sends a full
     bf16 snapshot with each step's reply; the engine applies and checks it.
 
     `overlaps_next_step`: the weights of a version are already in this process when `publish`
     starts, so the train loop may send the next step to the child while the engine applies them.
+
+    Args:
+        engine: the policy's engine.
+        trainer: the policy's trainer (its name is the policy's).
     """
 
     where = "this process"
@@ -290,13 +295,14 @@ class ProcessPublisher:
     def checksum(self) -> int | None:
         return self.trainer.checksum
 
-    def publish_initial(self, name: str, trainer: Any) -> None:
+    def publish_initial(self) -> None:
+        """Version 0 as a full snapshot from the child's store (blocking)."""
         payload, _ = self.trainer.pull(None, None, full=True)
-        self.engine.update_weights(WeightUpdate(name, self.trainer.version,
+        self.engine.update_weights(WeightUpdate(self.trainer.name, self.trainer.version,
                                                 payload=payload)).result()
 
-    async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
-        engine, version = self.engine, self.trainer.version
+    async def publish(self) -> dict[str, Any]:
+        name, engine, version = self.trainer.name, self.engine, self.trainer.version
         snapshot = self.trainer.snapshot
         if snapshot is not None and snapshot[0] != version:
             snapshot = None  # the trainer moved on (a load): ask for the current weights

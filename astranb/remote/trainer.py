@@ -18,6 +18,7 @@ import time
 import anyio
 import torch
 
+from ..contracts import Trainer
 from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
 from ..types import Batch
 from .client import TrainerClient
@@ -25,7 +26,7 @@ from .client import TrainerClient
 __all__ = ["RemoteTrainer", "TrainerRolledBack"]
 
 
-class RemoteTrainer:
+class RemoteTrainer(Trainer):
     """Trainer of one policy on a trainer service.
 
     Args:

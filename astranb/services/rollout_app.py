@@ -42,6 +42,7 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from .. import environments, weights
+from ..engines.base import RolloutEngine
 from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..models import dtype_for
@@ -106,7 +107,7 @@ class Slot:
     """One policy's engine on this service (what EpisodeContext needs of a policy)."""
 
     name: str
-    engine: Any
+    engine: RolloutEngine
     tokenizer: Any
     spec: dict
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -349,7 +350,7 @@ class RolloutService:
             relay = slot.relay
             if relay is None:
                 raise HTTPException(409, f"this service stopped relaying {policy!r}")
-            held = getattr(slot.engine, "published_weights", lambda: None)
+            held = slot.engine.published_weights
             try:  # off the loop: a full snapshot may have to be encoded
                 return await anyio.to_thread.run_sync(relay.serve, version, have_version,
                                                       have_checksum, held, policy)

@@ -17,7 +17,7 @@ import anyio
 import torch
 
 from ..algorithms import Algorithm
-from ..contracts import Engine, Publisher, Trainer
+from ..contracts import Engine, Publisher, SupervisedTrainer, Trainer
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
 from ..training.sft import Demonstration, sft_batches
@@ -69,6 +69,17 @@ class Policy:
         """Checksum of the latest published weights (None before the first publish)."""
         return self.publisher.checksum
 
+    @property
+    def overlaps_next_step(self) -> bool:
+        """Whether the next step may start while this one's weights are applied (the publisher
+        has them in hand when it starts: a trainer in a child process)."""
+        return self.publisher.overlaps_next_step
+
+    async def prepare(self, batch: Batch) -> None:
+        """Get `batch` ready for the train step that will receive it (the trainer's own
+        preparation: encoding it for a child process's pipe; most trainers have none)."""
+        await self.trainer.prepare(batch)
+
     async def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step, off the event loop: awaited when the trainer's step is async (a
         trainer service, a simulated trainer), else in a worker thread."""
@@ -85,7 +96,7 @@ class Policy:
         that fails to apply (wrong base, corruption) is healed by a full snapshot. Returns
         transfer metrics for the run's metrics row.
         """
-        return await self.publisher.publish(self.name, self.trainer)
+        return await self.publisher.publish()
 
     def sft(self, examples: Sequence[Demonstration], steps: int = 100, batch_size: int = 16,
             *, lr: float | None = None, seed: int = 0,
@@ -109,8 +120,8 @@ class Policy:
         Returns:
             The metrics of every step (loss, grad_norm, tokens).
         """
-        step = getattr(self.trainer, "sft_step", None)
-        if step is None:
+        trainer = self.trainer
+        if not isinstance(trainer, SupervisedTrainer):
             raise NotImplementedError(
                 f"policy {self.name!r}: its trainer ({type(self.trainer).__name__}) has no "
                 "supervised step; warm-start the model in-process (a Session without trainer=) "
@@ -125,7 +136,7 @@ class Policy:
         torch.set_num_threads(max(threads, os.cpu_count() or 1))  # nothing else runs meanwhile
         try:
             for i in range(steps):
-                history.append(step(next(batches), lr=lr))
+                history.append(trainer.sft_step(next(batches), lr=lr))
                 if progress and (i + 1) % max(1, steps // 10) == 0:
                     print(f"sft {self.name}: step {i + 1}/{steps}, "
                           f"loss {history[-1]['loss']:.4f}")

@@ -130,12 +130,12 @@ def check_checkpointing(context: RunContext, checkpoint_every: int | None) -> No
                          "--checkpoint-every N`)")
 
 
-def _registry(env: Any) -> dict[str, Any] | None:
+def _registry(env: Environment) -> dict[str, Any] | None:
     """How `ab.environments.load` made `env` (name and JSON-able arguments), or None."""
-    name = getattr(env, "registry_name", None)
+    name = env.registry_name
     if name is None:
         return None
-    kwargs = dict(getattr(env, "registry_kwargs", None) or {})
+    kwargs = dict(env.registry_kwargs)
     try:
         json.dumps(kwargs, allow_nan=False)
     except (TypeError, ValueError):

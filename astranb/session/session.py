@@ -207,9 +207,10 @@ class Session:
             publisher = ProcessPublisher(eng, trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
-            publisher = (EnginePublisher(eng, WeightStore(name, full_every=full_every))
-                         if weight_transfer == "delta" else StatePublisher(eng))
-        publisher.publish_initial(name, trainer)
+            publisher = (EnginePublisher(name, eng, trainer,
+                                         WeightStore(name, full_every=full_every))
+                         if weight_transfer == "delta" else StatePublisher(name, eng, trainer))
+        publisher.publish_initial()
         policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
                         max_batch_size=max_batch_size, seed=seed)
         policy.run_on_loop = self._context.call
@@ -232,12 +233,13 @@ class Session:
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
             trainer = RemoteTrainer(self._context.trainer, body)
             self._context.call(trainer.create)
-            publisher = ServicesPublisher(pool, trainer=trainer)
+            publisher = ServicesPublisher(pool, name, trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
                                    dtype=dtype_for(self.device, spec))
-            publisher = ServicesPublisher(pool, WeightStore(name, full_every=full_every))
-        publisher.publish_initial(name, trainer)
+            publisher = ServicesPublisher(pool, name, trainer,
+                                          WeightStore(name, full_every=full_every))
+        publisher.publish_initial()
         policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
                         spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
         policy.run_on_loop = self._context.call

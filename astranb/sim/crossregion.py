@@ -271,11 +271,8 @@ async def _play(config: RegionSimConfig, recorder: Recorder):
         dict.fromkeys(config.policies, config.weights), token_scale=w.token_scale,
         sync=config.sync, routing=config.routing, max_lag=config.max_lag,
         full_every=config.full_every, train_pools=train_pools, seed=config.seed)
-    publisher = RegionPublisher(rollout)
-    policies = {
-        name: Policy(name, ModelSpec(f"sim-{name}"), GRPO(filter_groups=False), AdamWConfig(),
-                     None, SimTrainer(pool, training, w.token_scale), publisher, SimTokenizer())
-        for name, pool in zip(config.policies, pools, strict=True)}
+    policies = {name: _policy(name, SimTrainer(pool, training, w.token_scale), rollout)
+                for name, pool in zip(config.policies, pools, strict=True)}
     if config.verifier:
         env: Solver | SolverVerifier = SolverVerifier(w, config.seed)
     else:
@@ -291,6 +288,12 @@ async def _play(config: RegionSimConfig, recorder: Recorder):
     with anyio.fail_after(config.max_virtual_seconds):
         await flow.run()
     return rollout, flow.loops, train_pools, begin, anyio.current_time()
+
+
+def _policy(name: str, trainer: SimTrainer, rollout: RegionRollout) -> Policy:
+    """A simulated policy whose versions are announced to the regions."""
+    return Policy(name, ModelSpec(f"sim-{name}"), GRPO(filter_groups=False), AdamWConfig(),
+                  None, trainer, RegionPublisher(rollout, name, trainer), SimTokenizer())
 
 
 def _summarise(config: RegionSimConfig, rollout: RegionRollout, loops, train_pools, begin: float,

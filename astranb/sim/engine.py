@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from ..engines.base import settle
+from ..engines.base import RolloutEngine, settle
 from ..types import Generation, GenerationRequest, WeightUpdate
 from .costs import Lengths, LengthSchedule, RolloutCosts
 
@@ -353,7 +353,7 @@ class GpuPool:
         self._wake.set()
 
 
-class SimEngine:
+class SimEngine(RolloutEngine):
     """A RolloutEngine for one policy on a shared GpuPool, on the virtual clock.
 
     Args:
@@ -423,6 +423,10 @@ class SimEngine:
 
     def availability(self) -> int:
         return self.pool.availability(self.name)
+
+    def published_weights(self) -> None:
+        """None: a simulated engine's weights are nothing."""
+        return None
 
     def close(self) -> None:
         pass

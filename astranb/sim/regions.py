@@ -58,6 +58,7 @@ from typing import Any
 
 import anyio
 
+from ..contracts import Publisher, RemoteEpisodes, Trainer
 from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..types import Trajectory
@@ -196,7 +197,7 @@ class _Region:
         return sum(len(p.gpus.gpus) for p in self.pools)
 
 
-class RegionRollout:
+class RegionRollout(RemoteEpisodes):
     """Episodes played on pools in several regions (`contracts.RemoteEpisodes`).
 
     Args:
@@ -512,20 +513,26 @@ class RegionRollout:
         self._changed = anyio.Event()
 
 
-class RegionPublisher:
-    """Announces each trained version to the regions (`contracts.Publisher`); does not wait
-    for them: each region fetches it at the pace of its link."""
+class RegionPublisher(Publisher):
+    """Announces each trained version of one policy to the regions (`contracts.Publisher`);
+    does not wait for them: each region fetches it at the pace of its link.
+
+    Args:
+        rollout: the regions' pools.
+        name: the policy's name.
+        trainer: the policy's trainer (whose versions are announced).
+    """
 
     where = "simulated rollout regions"
     checksum = None
 
-    def __init__(self, rollout: RegionRollout):
-        self.rollout = rollout
+    def __init__(self, rollout: RegionRollout, name: str, trainer: Trainer):
+        self.rollout, self.name, self.trainer = rollout, name, trainer
 
-    async def publish(self, name: str, trainer: Any) -> dict[str, Any]:
+    async def publish(self) -> dict[str, Any]:
         # how far the slowest pool still was from the previous version when this one came out
-        behind = max(self.rollout.lag(p, [name]) for p in self.rollout.pools)
-        self.rollout.announce(name, trainer.version)
+        behind = max(self.rollout.lag(p, [self.name]) for p in self.rollout.pools)
+        self.rollout.announce(self.name, self.trainer.version)
         return {"transfer_kind": "announced", "transfer_seconds": 0.0,
                 "pools_behind": float(behind)}
 

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from ..algorithms import GRPO
-from ..contracts import Trainer
+from ..contracts import Publisher, Trainer
 from ..models import ModelSpec
 from ..session.policy import Policy
 from ..training.local import AdamWConfig
@@ -54,7 +54,7 @@ class TrainPool:
         return self.stepped + running
 
 
-class SimTrainer:
+class SimTrainer(Trainer):
     """A trainer whose step costs virtual time (see module docstring).
 
     Args:
@@ -87,18 +87,23 @@ class SimTrainer:
         return {}
 
 
-class SimPublisher:
-    """Publishing is the simulated engine's in-flight update (`contracts.Publisher`)."""
+class SimPublisher(Publisher):
+    """Publishing is the simulated engine's in-flight update (`contracts.Publisher`).
+
+    Args:
+        engine: the policy's simulated engine.
+        trainer: the policy's trainer (whose version the engine is brought to).
+    """
 
     where = "simulated GPUs"
     checksum = None
 
-    def __init__(self, engine: SimEngine):
-        self.engine = engine
+    def __init__(self, engine: SimEngine, trainer: Trainer):
+        self.engine, self.trainer = engine, trainer
 
-    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
+    async def publish(self) -> dict[str, Any]:
         start = anyio.current_time()
-        await self.engine.apply_weights(trainer.version)
+        await self.engine.apply_weights(self.trainer.version)
         return {"transfer_kind": "simulated", "transfer_seconds": anyio.current_time() - start}
 
 
@@ -119,4 +124,4 @@ def sim_policy(name: str, engine: SimEngine, trainer: SimTrainer, algorithm=None
     """A Policy over the simulated `engine` and `trainer` (GRPO without group filtering by
     default)."""
     return Policy(name, ModelSpec(f"sim-{name}"), algorithm or GRPO(filter_groups=False),
-                  AdamWConfig(), engine, trainer, SimPublisher(engine), SimTokenizer())
+                  AdamWConfig(), engine, trainer, SimPublisher(engine, trainer), SimTokenizer())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
+from ..contracts import Checkpointable, SupervisedTrainer, Trainer
 from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
@@ -201,7 +203,7 @@ def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamWConfig) 
     return float(norm)
 
 
-class LocalTrainer:
+class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
     """Trains one policy's model in this process.
 
     Args:
@@ -290,7 +292,7 @@ class LocalTrainer:
         """A detached CPU copy of the current weights, named as in the model's state_dict."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write weights, optimizer state and version (safetensors + JSON; no pickle)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -301,7 +303,7 @@ class LocalTrainer:
         (directory / "trainer.json").write_text(json.dumps(info, indent=1))
         return directory
 
-    def load(self, directory: str | Path) -> None:
+    def load(self, directory: str | os.PathLike[str]) -> None:
         """Restore what `save` wrote (same model spec)."""
         directory = Path(directory)
         info = json.loads((directory / "trainer.json").read_text())

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..contracts import Engine, Trainer
+from ..contracts import Engine, Publisher, Trainer
 from ..types import WeightUpdate
 from .codec import WeightTransferError
 from .store import PublishStats, WeightStore
@@ -82,32 +82,38 @@ def transfer_metrics(payload: bytes, applied: Mapping[str, Any], fallback: str,
     }
 
 
-class EnginePublisher:
+class EnginePublisher(Publisher):
     """Publishes through a WeightStore to an engine in this process (deltas in bf16).
 
     Args:
+        name: the policy's name.
         engine: the policy's engine.
+        trainer: the policy's trainer.
         store: the versioned store the trainer's weights are encoded into.
         verify: recompute the engine's checksum after every publish (tests; slow on big models).
     """
 
     where = "this process"
 
-    def __init__(self, engine: Any, store: WeightStore, *, verify: bool = False):
-        self.engine, self.store, self.verify = engine, store, verify
+    def __init__(self, name: str, engine: Any, trainer: Trainer, store: WeightStore, *,
+                 verify: bool = False):
+        self.name, self.engine, self.trainer = name, engine, trainer
+        self.store, self.verify = store, verify
 
     @property
     def checksum(self) -> int | None:
         return self.store.checksum
 
-    def publish_initial(self, name: str, trainer: Trainer) -> None:
+    def publish_initial(self) -> None:
         """Version 0 as a full snapshot, so the engine samples from exactly the published (bf16)
         weights from the first token on (blocking: called while building the policy)."""
+        trainer = self.trainer
         self.store.publish(trainer.version, trainer.weights())
-        update = WeightUpdate(name, trainer.version, payload=self.store.pull_full())
+        update = WeightUpdate(self.name, trainer.version, payload=self.store.pull_full())
         self.engine.update_weights(update).result()
 
-    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
+    async def publish(self) -> dict[str, Any]:
+        name, trainer = self.name, self.trainer
         version = trainer.version
         # copying and encoding weights is heavy: keep it off the event loop
         stats = await anyio.to_thread.run_sync(
@@ -129,21 +135,26 @@ class EnginePublisher:
         return metrics
 
 
-class StatePublisher:
+class StatePublisher(Publisher):
     """Copies the trainer's full-precision tensors into an engine in this process (no codec,
-    no checksum: `weight_transfer="state"`)."""
+    no checksum: `weight_transfer="state"`). `publish_initial` has nothing to do: the engine was
+    built from the same spec as the trainer.
+
+    Args:
+        name: the policy's name.
+        engine: the policy's engine.
+        trainer: the policy's trainer.
+    """
 
     where = "this process"
     checksum = None
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, name: str, engine: Engine, trainer: Trainer):
+        self.name, self.engine, self.trainer = name, engine, trainer
 
-    def publish_initial(self, name: str, trainer: Trainer) -> None:
-        """Nothing to do: the engine was built from the same spec as the trainer."""
-
-    async def publish(self, name: str, trainer: Trainer) -> dict[str, Any]:
+    async def publish(self) -> dict[str, Any]:
+        trainer = self.trainer
         state = await anyio.to_thread.run_sync(trainer.weights)
-        update = WeightUpdate(name, trainer.version, dict(state))
+        update = WeightUpdate(self.name, trainer.version, dict(state))
         await asyncio.wrap_future(self.engine.update_weights(update))
         return {"transfer_kind": "state"}

@@ -74,7 +74,7 @@ def scripted_policy(name: str, reply: Callable[[str], str], *, version: int = 0)
 
     engine = ScriptedEngine(reply, version=version)
     return ab.Policy(name, ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
-                     StatePublisher(engine), engine.tokenizer)
+                     StatePublisher(name, engine, None), engine.tokenizer)
 
 
 def oracle_policy(world: World, *, spawn: bool = False, name: str = "oracle",
