@@ -16,6 +16,7 @@ from astranb import models
 from astranb.engines import HFEngine, RolloutEngine, _kvbatch
 from astranb.engines._kvbatch import SlotKV
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
+from tests.waiting import wait_until
 
 SPEC = models.tiny(hidden_size=64, num_layers=2, initializer_range=0.3)
 ATOL = 1e-4
@@ -32,14 +33,6 @@ def _request(prompt_len: int, max_new: int, *, temperature=0.0, top_p=1.0, stop=
 def _assert_close(actual, expected) -> None:
     actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
     torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
-
-
-def _wait_until(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
 
 
 class _StepPauser:
@@ -63,7 +56,8 @@ class _StepPauser:
         """Resume, and return once the engine has paused itself after `step` decode steps."""
         self.at = step
         self.engine.resume()
-        _wait_until(lambda: self.engine.stats().paused)
+        wait_until(lambda: self.engine.stats().paused, 20, "the engine to pause itself",
+                   interval=0.002)
         self.engine.pause()  # returns once the worker holds
         assert self.engine.stats().steps == step
 

@@ -384,6 +384,7 @@ print(json.dumps({"passed": result.passed, "error": result.error, "stdout": resu
 '''
 
 
+@pytest.mark.slow  # two interpreters
 @pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
 def test_two_processes_sandboxes_neither_disturb_nor_reach_each_other():
     token = secrets.token_hex(4)
