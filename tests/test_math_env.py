@@ -402,6 +402,7 @@ def test_truncation_by_the_context(gsm8k):
     assert trajectory.turns == () and policy.engine.prompts == []
 
 
+@pytest.mark.slow  # waits out a check's time limit
 def test_a_verify_timeout_ends_only_its_own_episode(monkeypatch):
     monkeypatch.setenv(HANG_FOR_TESTS, "99")
     checker = AnswerVerifier(timeout=1.0)

@@ -205,8 +205,8 @@ def test_prompts_longer_than_the_context_fail_the_run_instead_of_spinning(tmp_pa
 # -- runs that stop moving: a "stalled" event, run.status, the dashboard ------------------------
 def test_groups_all_dropped_by_filter_groups_say_so(tmp_path, capsys):
     with make_session(tmp_path, AlwaysZero()) as session:
-        # said once the run has not moved for stall_seconds / 4 (5 s here, 30 s by default)
-        run = session.train(steps=3, batch_size=4, group_size=2, stall_seconds=20)
+        # said once the run has not moved for stall_seconds / 4 (2 s here, 30 s by default)
+        run = session.train(steps=3, batch_size=4, group_size=2, stall_seconds=8)
         event = wait_until(lambda: stalled_events(run), DEADLINE, "a stalled event")[0]
         assert event["reason"] == "filter_groups" and event["policies"] == ["solver"]
         said = re.match(r"the last (\d+) groups of solver were all dropped by filter_groups: "

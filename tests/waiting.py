@@ -25,12 +25,13 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str | Callable[
     return value
 
 
-async def wait_until_async(predicate: Callable[[], T], timeout: float, what: str,
-                           interval: float = 0.005) -> T:
+async def wait_until_async(predicate: Callable[[], T], timeout: float,
+                           what: str | Callable[[], str], interval: float = 0.005) -> T:
     """`wait_until` inside an event loop: the loop keeps running while it waits."""
     deadline = anyio.current_time() + timeout
     while not (value := predicate()):
         if anyio.current_time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         await anyio.sleep(interval)
     return value
