@@ -84,9 +84,10 @@ test: setup browser
 test-notebooks: setup browser
 	$(BIN)/python -m pytest -q -p no:xdist -m runall tests/test_browser.py
 
-# Everything but the tests marked slow (live services, FSDP, the browser, notebooks).
+# Everything but the tests marked slow (subprocesses, live services, FSDP, Ray, the browser,
+# notebooks): every module's unit tests in under a minute on 2 cores, in two workers.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check astranb tests bench scripts environments

@@ -4,7 +4,6 @@ service (a real process), then drains and removes one with nothing lost or resub
 from __future__ import annotations
 
 import math
-import time
 
 import httpx
 import pytest
@@ -14,6 +13,7 @@ from astranb.remote.scaling import Autoscaler, BacklogRule, Load
 from astranb.services.local import launch_local
 from tests.envs import SlowCountA
 from tests.services import ROOT, TEST_ENVS
+from tests.waiting import wait_until
 
 
 def load(**given) -> Load:
@@ -93,10 +93,8 @@ def test_a_run_adds_a_service_then_drains_one_with_nothing_lost(tmp_path, monkey
             session.wire(env, solver=policy)
             run = session.train(steps=1000, batch_size=16, group_size=4, max_staleness=1,
                                 autoscale=scaler)
-            deadline = time.monotonic() + 240
-            while len(scaler.history) < 2 and not run.done:
-                assert time.monotonic() < deadline, f"no scaling in 240 s: {looks[-3:]}"
-                time.sleep(0.2)
+            wait_until(lambda: len(scaler.history) >= 2 or run.done, 240,
+                       lambda: f"scaling (the last looks: {looks[-3:]})")
             run.stop()
             run.wait(progress=False)
             added, drained = scaler.history

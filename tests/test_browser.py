@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("ASTRANB_ARTIFACTS", ROOT / "test-artifacts"))
 
@@ -143,10 +145,8 @@ def test_quickstart_dashboard_in_jupyterlab(chromium, jupyterlab, tmp_path):
 
             # the live dashboard appears and draws steps
             page.locator(".astranb-dashboard .js-plotly-plot").wait_for(timeout=300_000)
-            deadline = time.monotonic() + 300
-            while _steps(_status(page)) < 3:
-                assert time.monotonic() < deadline, f"no steps drawn: {_status(page)!r}"
-                time.sleep(1)
+            wait_until(lambda: _steps(_status(page)) >= 3, 300,
+                       lambda: f"3 steps drawn (status: {_status(page)!r})", interval=1)
             status = _status(page)
             assert status.startswith("running"), status
             # every reward point drawn: the line's path has as many vertices as steps (or more)
@@ -156,7 +156,9 @@ def test_quickstart_dashboard_in_jupyterlab(chromium, jupyterlab, tmp_path):
                      if d]
             assert drawn, "the dashboard's plots hold no lines"
             assert max(d.count("L") for d in drawn) >= 2
-            time.sleep(1.5)  # let the next redraw land before the screenshot
+            drawn_steps = _steps(status)  # let the next redraw land before the screenshot
+            wait_until(lambda: _steps(_status(page)) > drawn_steps, 120, "the next redraw",
+                       interval=0.5)
             page.locator(".astranb-dashboard").screenshot(
                 path=str(ARTIFACTS / "browser_dashboard.png"))
 

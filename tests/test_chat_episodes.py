@@ -259,6 +259,7 @@ def test_the_chat_path_runs_for_real_on_the_tiny_chat_model(tokenizer):
     assert second.generation.prompt_ids[: len(kept)] == kept
 
 
+@pytest.mark.slow  # a run over rollout services
 def test_chat_episodes_on_rollout_services_keep_tokens_versions_and_tool_calls(tmp_path):
     """ctx.chat over the wire: the service rebuilds the tiny chat model from its spec, plays the
     conversation, records the tool calls; trained with versions inside the staleness bound."""

@@ -4,10 +4,10 @@ environments played through the real EpisodeContext with scripted engines."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
-import threading
 import time
 
 import anyio
@@ -26,6 +26,7 @@ from astranb_code import (
 
 import astranb as ab
 from tests.test_math_env import play, scripted
+from tests.waiting import wait_until
 
 ADD = "def add(a, b):\n    return a + b"
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4",
@@ -86,6 +87,7 @@ def _cmdline(pid):
         return ""
 
 
+@pytest.mark.slow  # waits out the sandbox's time limit
 def test_an_infinite_loop_is_killed(sandbox):
     result = run(sandbox, "while True:\n    pass")
     assert result.passed == 0
@@ -95,15 +97,14 @@ def test_an_infinite_loop_is_killed(sandbox):
     assert sleeper.seconds < 8
 
 
+@pytest.mark.slow  # a fork bomb and its clean-up
 def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandbox):
     marked = dataclasses.replace(FAST, file_bytes=(1 << 20) + os.getpid() % 100_000)
     result = run(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n"
                           "    except OSError:\n        pass", limits=marked)
     assert result.passed == 0 and result.error
-    deadline = time.monotonic() + 10
-    while _processes_of(marked) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes_of(marked) == set()
+    wait_until(lambda: not _processes_of(marked), 10,
+               lambda: f"the fork bomb's processes to end: {_processes_of(marked)}")
     assert run(sandbox, ADD).passed == 4
 
 
@@ -126,24 +127,16 @@ def test_no_connection_leaves_the_sandbox(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    server.settimeout(3)
     port = server.getsockname()[1]
-    arrived = []
-    listener = threading.Thread(target=lambda: _accept(server, arrived))
-    listener.start()
     result = run(sandbox, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)")
-    listener.join()
+    # a connection the program made is in the listen queue before its connect() returned, so
+    # before run() did: one look now sees it, with no wait for one that may yet come
+    server.setblocking(False)
+    arrived = []
+    with contextlib.suppress(BlockingIOError):
+        arrived.append(server.accept())
     server.close()
     assert arrived == [] and result.passed == 0
-    assert "PermissionError" in result.error or "OSError" in result.error or "Network" in \
-        result.error
-
-
-def _accept(server, arrived):
-    try:
-        arrived.append(server.accept())
-    except OSError:
-        pass
 
 
 def test_the_program_cannot_signal_its_parent(sandbox):

@@ -23,6 +23,7 @@ from astranb.notebook.dashboard import (
     to_png,
 )
 from tests.envs import CountA
+from tests.waiting import wait_until
 
 
 def row(policy, step, **extra):
@@ -144,10 +145,10 @@ def test_throttle_bounds_renders_while_pokes_stream_fast():
     throttle = Throttle(lambda: renders.append(time.monotonic()), 0.1, errors.append)
     start = time.monotonic()
     pokes = 0
-    while time.monotonic() - start < 1.0:
+    while (last_poke := time.monotonic()) - start < 1.0:
         throttle.poke()
         pokes += 1
-    time.sleep(0.3)  # the last pokes still get drawn
+    wait_until(lambda: renders[-1] >= last_poke, 5, "the last pokes to be drawn")
     throttle.close()
     assert pokes > 1000
     assert 3 <= len(renders) <= 1.3 / 0.1 + 2
@@ -165,9 +166,7 @@ def test_throttle_error_goes_to_on_error_and_never_to_the_poker():
 
     throttle = Throttle(render, 0.01, errors.append)
     throttle.poke()
-    deadline = time.monotonic() + 5
-    while not errors and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: errors, 5, "the render error to reach on_error")
     throttle.poke()  # no exception here, even though the thread is gone
     throttle.close()
     assert len(errors) == 1 and "bad panel" in str(errors[0]) and throttle.renders == 0
@@ -222,8 +221,7 @@ def test_stop_button_stops_the_run(tmp_path):
     with session:
         run = session.train(steps=10_000, batch_size=8, group_size=4, max_staleness=2)
         dash = run.dashboard(mode="widgets", interval=0.2)
-        while len(run.metrics) < 2:
-            time.sleep(0.05)
+        wait_until(lambda: len(run.metrics) >= 2, 60, "two steps")
         dash.stop_button.click()
         run.wait(progress=False, timeout=60)
     assert run.status == "stopped" and len(run.metrics) < 10_000

@@ -353,6 +353,7 @@ def test_run_episodes_step_and_rescore(tiny, tmp_path):
     assert loaded.debugger().steps[0].tokens[0].startswith("#")   # no tokenizer: ids
 
 
+@pytest.mark.slow  # a run over a rollout service
 def test_episodes_played_on_a_rollout_service_carry_their_tool_calls(tmp_path):
     session, _, _ = in_process_services(lambda **kw: ab.Session(tmp_path, **kw), rollouts=1,
                                         trainer=False)

@@ -7,7 +7,6 @@ produces varied text instead of one repeated character; that makes token-level b
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from astranb import models
 from astranb.engines import HFEngine, RolloutEngine, _kvbatch
 from astranb.engines._kvbatch import SlotKV
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
+from tests.waiting import wait_until, wait_until_async
 
 SPEC = models.tiny(hidden_size=64, num_layers=2, initializer_range=0.3)
 ATOL = 1e-4
@@ -32,14 +32,6 @@ def _request(prompt_len: int, max_new: int, *, temperature=0.0, top_p=1.0, stop=
 def _assert_close(actual, expected) -> None:
     actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
     torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
-
-
-def _wait_until(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
 
 
 class _StepPauser:
@@ -63,7 +55,8 @@ class _StepPauser:
         """Resume, and return once the engine has paused itself after `step` decode steps."""
         self.at = step
         self.engine.resume()
-        _wait_until(lambda: self.engine.stats().paused)
+        wait_until(lambda: self.engine.stats().paused, 20, "the engine to pause itself",
+                   interval=0.002)
         self.engine.pause()  # returns once the worker holds
         assert self.engine.stats().steps == step
 
@@ -215,17 +208,16 @@ def test_cancelling_generate_frees_the_slot():
         async with HFEngine(SPEC, max_batch_size=2) as engine:
             running = asyncio.create_task(engine.generate(_request(5, 400)))
             others = [asyncio.create_task(engine.generate(_request(4, 400))) for _ in range(2)]
-            while engine.stats().active < 2:  # one of the others runs, one queues
-                await asyncio.sleep(0.005)
+            await wait_until_async(lambda: engine.stats().active >= 2, 20,
+                                   "one of the others decoding, one queued")
             assert engine.availability() == 0
             for task in (running, *others):
                 task.cancel()
             results = await asyncio.gather(running, *others, return_exceptions=True)
             assert all(isinstance(r, asyncio.CancelledError) for r in results)
-            deadline = time.monotonic() + 10
-            while engine.availability() < 2 or engine.stats().active:
-                assert time.monotonic() < deadline, engine.stats()
-                await asyncio.sleep(0.005)
+            await wait_until_async(
+                lambda: engine.availability() >= 2 and not engine.stats().active, 10,
+                lambda: f"both slots free ({engine.stats()})")
             steps = engine.stats().steps
             assert steps < 400
             gen = await engine.generate(_request(3, 4))

@@ -20,6 +20,7 @@ from astranb import models, weights
 from astranb.engines import RolloutEngine, SGLangEngine, SGLangError
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
 from tests.fake_sglang import FakeSGLang, expected
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 PROMPT = (5, 6, 7)
@@ -52,13 +53,6 @@ def attach(spec):
 def request(max_new: int = 6, stop=(), prompt=PROMPT, **sampling) -> GenerationRequest:
     params = SamplingParams(max_new_tokens=max_new, stop_token_ids=tuple(stop), **sampling)
     return GenerationRequest(prompt_ids=prompt, sampling=params)
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.002)
 
 
 def bf16_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -133,7 +127,8 @@ def test_generation_spanning_an_update_has_old_versions_then_new(attach):
     fake = FakeSGLang(step_delay=0.005)
     engine = attach(fake)
     future = engine.submit(request(60))
-    wait_until(lambda: any(len(t) >= 5 for t in fake.running.values()))
+    wait_until(lambda: any(len(t) >= 5 for t in fake.running.values()), 10,
+               "5 tokens generated", interval=0.002)
     w1 = bf16_weights(1)
     applied = engine.update_weights(full(w1, 1)).result(timeout=10)
     gen = future.result(timeout=10)
@@ -202,7 +197,8 @@ def test_pause_holds_requests_and_resume_continues_them_unchanged(attach):
     engine.resume()
     assert list(held.result(timeout=10).completion_ids) == expected(PROMPT, 4)[0]
     running = engine.submit(request(40))  # paused mid-generation: aborted, then resumed
-    wait_until(lambda: any(len(t) >= 3 for t in fake.running.values()))
+    wait_until(lambda: any(len(t) >= 3 for t in fake.running.values()), 10,
+               "3 tokens generated", interval=0.002)
     engine.pause()
     engine.resume()
     gen = running.result(timeout=10)
@@ -217,11 +213,11 @@ def test_availability_follows_the_queue_gauge_per_dp_rank(attach):
     fake = FakeSGLang(dp_size=2)
     fake.queue_reqs = [3, 2]
     engine = attach(fake)
-    wait_until(lambda: engine.availability() == 4 * 2 - 5)
+    wait_until(lambda: engine.availability() == 4 * 2 - 5, 10, "availability 3", interval=0.002)
     fake.queue_reqs = [9, 0]
-    wait_until(lambda: engine.availability() == 0)
+    wait_until(lambda: engine.availability() == 0, 10, "availability 0", interval=0.002)
     fake.queue_reqs = [0, 0]
-    wait_until(lambda: engine.availability() == 8)
+    wait_until(lambda: engine.availability() == 8, 10, "availability 8", interval=0.002)
     seen = []
     fake.on_update = lambda: seen.append(engine.availability())
     engine.update_weights(full(bf16_weights(1), 1)).result(timeout=10)
@@ -232,10 +228,10 @@ def test_availability_without_metrics_counts_own_requests(attach):
     fake = FakeSGLang(metrics=False, step_delay=0.01)
     engine = attach(fake, target_queue=3)
     futures = [engine.submit(request(200)) for _ in range(2)]
-    wait_until(lambda: engine.availability() == 1)
+    wait_until(lambda: engine.availability() == 1, 10, "availability 1", interval=0.002)
     for f in futures:
         f.cancel()
-    wait_until(lambda: engine.availability() == 3)
+    wait_until(lambda: engine.availability() == 3, 10, "availability 3", interval=0.002)
 
 
 def test_gauge_sum_reads_prometheus_text():
@@ -319,10 +315,11 @@ def test_cancelling_a_request_aborts_it_on_the_server(attach):
     fake = FakeSGLang(step_delay=0.005)
     engine = attach(fake)
     future = engine.submit(request(500))
-    wait_until(lambda: fake.running)
+    wait_until(lambda: fake.running, 10, "a running request", interval=0.002)
     (rid,) = fake.running
     future.cancel()
-    wait_until(lambda: rid in fake.aborted and not fake.running)
+    wait_until(lambda: rid in fake.aborted and not fake.running, 10,
+               "the request aborted", interval=0.002)
 
 
 def test_close_fails_pending_requests(attach):

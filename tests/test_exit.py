@@ -17,6 +17,7 @@ import pytest
 
 import astranb as ab
 from astranb import _loopthread
+from tests.waiting import wait_until
 
 EXIT_WITHIN = 10.0  # seconds from the script's last line to the end of its process
 HANG = 120  # a hang fails the test after this long instead of hanging the suite
@@ -252,8 +253,8 @@ def test_interrupting_await_run_in_a_kernel_stops_the_waiting_not_the_run(tmp_pa
         assert "the run goes on in the background" in reply["content"]["evalue"]
         assert value("run.status") == "'running'"
         steps = int(value("len(run.rows)"))
-        time.sleep(2)
-        assert int(value("len(run.rows)")) > steps  # it still trains
+        wait_until(lambda: int(value("len(run.rows)")) > steps, 60,  # it still trains
+                   "a step after the interrupt", interval=0.2)
         execute("run.stop()\nimport time\nwhile run.status == 'running': time.sleep(0.1)")
         assert value("run.status") == "'stopped'"
     finally:

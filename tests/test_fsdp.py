@@ -38,6 +38,7 @@ from astranb.training.collective import Collective, Command, decode, encode
 from astranb.training.fsdp import FSDPBackend
 from astranb.training.local import LocalTrainer
 from tests.fsdp_worker import BATCHES, MICRO_BATCH_SIZE, POLICIES, SPEC, make_batch
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-5, 1e-4
@@ -279,10 +280,9 @@ def test_ranks_exit_when_rank_zero_hangs_or_their_launcher_dies(tmp_path):
     )
     rank0 = None
     try:
-        deadline = time.monotonic() + 90
-        while not (tmp_path / "ready").exists():
-            assert time.monotonic() < deadline and follower.poll() is None, "job did not start"
-            time.sleep(0.1)
+        wait_until(lambda: (tmp_path / "ready").exists() or follower.poll() is not None, 90,
+                   "the job to start")
+        assert follower.poll() is None, (tmp_path / "rank1.log").read_text()
         rank0 = int((tmp_path / "ready").read_text())
         time.sleep(timeout_s + 1)  # idle past the timeout: rank 0's pings keep the follower
         assert follower.poll() is None, (tmp_path / "rank1.log").read_text()
@@ -298,10 +298,7 @@ def test_ranks_exit_when_rank_zero_hangs_or_their_launcher_dies(tmp_path):
         launcher.kill()
         launcher.wait()
         os.kill(rank0, signal.SIGCONT)
-        deadline = time.monotonic() + 15
-        while _alive(rank0):
-            assert time.monotonic() < deadline, "rank 0 outlived its launcher"
-            time.sleep(0.1)
+        wait_until(lambda: not _alive(rank0), 15, "rank 0 to end with its launcher")
         assert "its launcher has gone" in (tmp_path / "rank0.log").read_text()
     finally:
         for proc in (launcher, follower):

@@ -70,6 +70,7 @@ def test_asserts_in_loops_after_the_last_top_level_assert_count(sandbox):
     assert (partial[("53", False)].passed, partial[("53", False)].total) == (5, 6)
 
 
+@pytest.mark.slow  # 37 problems through the sandbox
 def test_partial_credit_never_counts_an_assert_that_cannot_fail(sandbox):
     """37 problems hold 50 `assert True` placeholders; a program whose function always raises
     passes none of their asserts, and their totals leave the placeholders out."""

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import nbformat
@@ -26,6 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from astranb import _kernel, lifeline
+from tests.waiting import wait_until
 
 HANG = 150  # a hang fails the test after this long instead of hanging the suite
 GONE_WITHIN = 30.0  # seconds a child may take to end once its parent is gone
@@ -53,15 +53,6 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def _wait_until(condition, timeout: float, what) -> None:
-    """Wait for `condition()`; fail with `what` (a text, or a callable giving it) past timeout."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what() if callable(what) else what} within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def _kill_all(pids) -> None:
@@ -106,6 +97,7 @@ print("AGAIN", again.status, flush=True)
 """
 
 
+@pytest.mark.slow  # a training script in a subprocess
 def test_sigint_to_a_scripts_process_group_stops_the_waiting_not_the_run(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
@@ -159,7 +151,7 @@ def test_the_kernels_stop_button_during_await_run_leaves_the_run_going(tmp_path)
         assert content["status"] == "ok", content
         waiting = client.execute("run = session.train(steps=100_000, batch_size=8, group_size=4, "
                                  "max_staleness=1)\nawait run")
-        _wait_until(lambda: _first_step(tmp_path), HANG, "no training step")
+        wait_until(lambda: _first_step(tmp_path), HANG, "a training step")
         manager.interrupt_kernel()  # what Jupyter's stop button does
         reply = client.get_shell_msg(timeout=HANG)
         assert reply["parent_header"]["msg_id"] == waiting
@@ -186,8 +178,8 @@ def test_the_kernels_stop_button_during_await_run_leaves_the_run_going(tmp_path)
         client.stop_channels()
         children = psutil.Process(manager.provisioner.pid).children(recursive=True)
         manager.shutdown_kernel(now=False)
-        _wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
-                    "the kernel's children did not end with it")
+        wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
+                   "the kernel's children to end with it")
 
 
 # -- (c) `astranb run` stopped by Ctrl-C ----------------------------------------------------------
@@ -217,7 +209,7 @@ def test_ctrl_c_stops_astranb_run_cleanly_and_leaves_no_process(tmp_path):
     _training_notebook(tmp_path)
     proc = _astranb_run("train.ipynb", "-o", "out", cwd=tmp_path)
     try:
-        _wait_until(lambda: _first_step(tmp_path), HANG, "no training step")
+        wait_until(lambda: _first_step(tmp_path), HANG, "a training step")
         started = psutil.Process(proc.pid).children(recursive=True)  # kernel, trainer
         assert any("_trainer_child" in " ".join(p.cmdline()) for p in started)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal it runs in
@@ -234,8 +226,8 @@ def test_ctrl_c_stops_astranb_run_cleanly_and_leaves_no_process(tmp_path):
     assert code[2].source == "print('NEVER REACHED')" and not code[2].outputs  # never ran
     assert (tmp_path / "out" / "train.html").is_file()
     try:
-        _wait_until(lambda: all(_gone(p.pid) for p in started), GONE_WITHIN,
-                    "the kernel or the trainer outlived `astranb run`")
+        wait_until(lambda: all(_gone(p.pid) for p in started), GONE_WITHIN,
+                   "the kernel and the trainer to end with `astranb run`")
     finally:
         _kill_all(p.pid for p in started)
 
@@ -251,7 +243,7 @@ def test_after_ctrl_c_no_further_cell_runs_even_when_the_cell_catches_it(tmp_pat
     nbformat.write(notebook, tmp_path / "catch.ipynb")
     proc = _astranb_run("catch.ipynb", "-o", "out", cwd=tmp_path)
     try:
-        _wait_until(lambda: (tmp_path / "started").exists(), HANG, "the cell did not start")
+        wait_until(lambda: (tmp_path / "started").exists(), HANG, "the cell to start")
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -265,6 +257,7 @@ def test_after_ctrl_c_no_further_cell_runs_even_when_the_cell_catches_it(tmp_pat
     assert not code[1].outputs
 
 
+@pytest.mark.slow  # a real kernel
 def test_astranb_run_starts_a_quiet_kernel_on_sockets_of_its_own(tmp_path):
     cell = new_code_cell("import os\nprint(6 * 7, os.environ['TMPDIR'])")
     notebook = new_notebook(cells=[cell])
@@ -324,6 +317,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow  # a process tree of services, verifier and trainer
 def test_what_astranb_starts_ends_when_its_parent_is_killed(tmp_path):
     (tmp_path / "parent.py").write_text(PARENT)
     env = {**_env(), "ASTRANB_MATH_VERIFY_HANG_ON": "\\hang"}
@@ -347,9 +341,9 @@ def test_what_astranb_starts_ends_when_its_parent_is_killed(tmp_path):
         assert len(children) == 5, lines
         parent.kill()
         parent.wait()
-        _wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
-                    lambda: "a child outlived its parent: " + ", ".join(
-                        lines[c] for c in children if not _gone(c.pid)))
+        wait_until(lambda: all(_gone(c.pid) for c in children), GONE_WITHIN,
+                   lambda: "every child to end with its parent; still alive: " + ", ".join(
+                       lines[c] for c in children if not _gone(c.pid)))
     finally:  # the forked process still holds the parent's output: no communicate()
         parent.kill()
         parent.wait()
@@ -373,9 +367,9 @@ def test_the_lifeline_runner_ends_with_its_command_when_the_group_is_stopped():
     runner = subprocess.Popen([sys.executable, lifeline.__file__, "sleep", "60"],
                               **lifeline.shielded())
     try:
-        _wait_until(lambda: any(p.name() == "sleep"
-                                for p in psutil.Process(runner.pid).children()),
-                    30, "the command did not start")
+        wait_until(lambda: any(p.name() == "sleep"
+                               for p in psutil.Process(runner.pid).children()),
+                   30, "the command to start")
         os.killpg(runner.pid, signal.SIGTERM)
         assert runner.wait(timeout=30) == 128 + signal.SIGTERM
     finally:

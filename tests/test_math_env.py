@@ -172,6 +172,7 @@ def test_concurrent_checks_each_get_their_own_verdict(verifier):
     assert {i: v.correct for i, v in results.items()} == {i: i == 3 for i in range(6)}
 
 
+@pytest.mark.slow  # waits out the check's time limit
 def test_a_hanging_check_times_out_scores_zero_and_the_next_call_works(monkeypatch):
     monkeypatch.setenv(HANG_FOR_TESTS, "\\hang")
     checker = AnswerVerifier(timeout=1.0)
@@ -401,6 +402,7 @@ def test_truncation_by_the_context(gsm8k):
     assert trajectory.turns == () and policy.engine.prompts == []
 
 
+@pytest.mark.slow  # waits out a check's time limit
 def test_a_verify_timeout_ends_only_its_own_episode(monkeypatch):
     monkeypatch.setenv(HANG_FOR_TESTS, "99")
     checker = AnswerVerifier(timeout=1.0)

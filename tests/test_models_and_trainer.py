@@ -119,7 +119,7 @@ def test_the_logp_gap_metric_is_the_mean_and_max_distance_to_the_engine_logprobs
         assert metrics["logp_gap_max"] == pytest.approx(0.09, abs=1e-6)
 
 
-@pytest.mark.parametrize("trainer", ["thread", "process"])
+@pytest.mark.parametrize("trainer", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_engine_samples_with_bf16_weights_so_the_logp_gap_is_above_zero_at_version_0(
         tmp_path, trainer):
     def first_row(folder, **options):

@@ -1,5 +1,11 @@
-"""Executed notebooks: the dashboard's saved figures hold the last step, the file stays small, and
-a failing background task fails its notebook under nbmake."""
+"""Executed notebooks: the quickstart runs end to end as the test suite runs every notebook
+(ASTRANB_SMOKE), its dashboard's saved figures hold the last step and the file stays small; a
+failing background task fails its notebook under nbmake.
+
+The quickstart executes once for this module (nbmake skips it when this module is collected too,
+see the root conftest.py): with the live dashboard (ASTRANB_DISPLAY=widgets), plus one cell added
+after the `train` cell that shows the same run's static dashboard (`run.dashboard(mode="static")`),
+so both saved forms come from that one execution."""
 
 from __future__ import annotations
 
@@ -15,28 +21,38 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "notebooks" / "01_quickstart.ipynb"
-SMALL = {"steps": 4, "batch_size": 16, "eval_episodes": 16}
+SMOKE_STEPS = 3  # the quickstart's smoke cell turns its default 600 steps into 3
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+STATIC_CELL = 'run.dashboard(mode="static")  # added by the test: the same run, saved static'
 
 pytestmark = pytest.mark.slow  # every test here executes a notebook
 
 
-def execute_quickstart(tmp_path: Path, monkeypatch, display: str) -> tuple[dict, list[dict]]:
-    """Run the quickstart with papermill, small; returns (executed notebook, metrics rows)."""
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> tuple[Path, dict, list[dict]]:
+    """The quickstart executed once with papermill, smoke sized (its own defaults, shrunk by its
+    ASTRANB_SMOKE cell), live dashboard plus a static one of the same run.
+    Returns (executed notebook path, executed notebook, metrics rows)."""
     import papermill
 
-    monkeypatch.delenv("ASTRANB_SMOKE", raising=False)  # its smoke cell would pick its own dirs
-    monkeypatch.setenv("ASTRANB_DISPLAY", display)
-    out = tmp_path / "executed.ipynb"
-    papermill.execute_notebook(
-        str(QUICKSTART), str(out), cwd=str(ROOT / "notebooks"), progress_bar=False,
-        parameters={**SMALL, "run_dir": str(tmp_path / "run"), "results_dir": str(tmp_path)},
-    )
-    [metrics] = (tmp_path / "run").rglob("metrics.jsonl")
+    folder = tmp_path_factory.mktemp("quickstart")
+    nb = nbformat.read(QUICKSTART, as_version=4)
+    [train] = [i for i, c in enumerate(nb.cells) if "session.train(" in c.source]
+    nb.cells.insert(train + 1, new_code_cell(STATIC_CELL))
+    source, out = folder / "quickstart.ipynb", folder / "executed.ipynb"
+    nbformat.write(nb, source)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ASTRANB_SMOKE", "1")  # as the test suite runs every notebook
+        patch.setenv("ASTRANB_DISPLAY", "widgets")
+        papermill.execute_notebook(  # the smoke cell keeps run_dir and results_dir set here
+            str(source), str(out), cwd=str(ROOT / "notebooks"), progress_bar=False,
+            parameters={"run_dir": str(folder / "run"), "results_dir": str(folder)},
+        )
+    [metrics] = (folder / "run").rglob("metrics.jsonl")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert len(rows) == SMALL["steps"]
-    return json.loads(out.read_text()), rows
+    assert len(rows) == SMOKE_STEPS
+    return out, json.loads(out.read_text()), rows
 
 
 def reward_trace(data: list[dict]) -> dict:
@@ -50,27 +66,38 @@ def expected_rewards(rows):
     return [None if missing(r["reward"]) else r["reward"] for r in rows]
 
 
-def test_headless_quickstart_saves_static_figures_with_the_last_step(tmp_path, monkeypatch):
-    nb, rows = execute_quickstart(tmp_path, monkeypatch, "static")
+def test_the_quickstart_runs_end_to_end_and_writes_its_results(quickstart):
+    path, nb, rows = quickstart
+    errors = [o for cell in nb["cells"] for o in cell.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, errors
+    summary = json.loads((path.parent / "quickstart.json").read_text())
+    assert summary["baseline"] is not None and summary["final_eval"] is not None
+    assert (path.parent / "quickstart_reward.png").stat().st_size > 0
+
+
+def test_headless_quickstart_saves_static_figures_with_the_last_step(quickstart):
+    _, nb, rows = quickstart
     figures = [o for cell in nb["cells"] for o in cell.get("outputs", [])
                if PLOTLY in o.get("data", {})]
-    assert len(figures) == 1, "the dashboard output should turn into one static figure"
+    assert len(figures) == 1, "the static dashboard output should turn into one static figure"
     data = figures[0]["data"]
-    assert data["image/png"] and "finished · 4/4 steps · solver v4" in "".join(data["text/plain"])
+    status = f"finished · {SMOKE_STEPS}/{SMOKE_STEPS} steps · solver v{SMOKE_STEPS}"
+    assert data["image/png"] and status in "".join(data["text/plain"])
     reward = reward_trace(data[PLOTLY]["data"])
-    assert reward["x"] == [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert reward["x"] == [r["step"] for r in rows] == list(range(SMOKE_STEPS))
     assert reward["y"] == pytest.approx(expected_rewards(rows), nan_ok=True)
 
 
-def test_quickstart_with_live_dashboard_is_small_and_saves_the_last_step(tmp_path, monkeypatch):
-    nb, rows = execute_quickstart(tmp_path, monkeypatch, "widgets")
-    size = (tmp_path / "executed.ipynb").stat().st_size
+def test_quickstart_with_live_dashboard_is_small_and_saves_the_last_step(quickstart):
+    path, nb, rows = quickstart
+    size = path.stat().st_size
     assert size < 10 * 2**20, f"executed quickstart is {size / 2**20:.1f} MB"
     states = nb["metadata"]["widgets"][WIDGET_STATE]["state"]
     figures = [s["state"] for s in states.values() if "_widget_data" in s["state"]]
     assert len(figures) == 1, "one FigureWidget per dashboard"
     reward = reward_trace(figures[0]["_widget_data"])
-    assert list(reward["x"]) == [0, 1, 2, 3]
+    assert list(reward["x"]) == list(range(SMOKE_STEPS))
     assert reward["y"] == pytest.approx(expected_rewards(rows), nan_ok=True)
 
 

@@ -35,6 +35,7 @@ def child(tmp_path):
     trainer.close()
 
 
+@pytest.mark.slow  # a trainer child process
 def test_steps_in_the_child_equal_local_steps_to_the_bit(child):
     torch.set_num_threads(1)  # the child runs one thread: same kernels, same sums
     local = LocalTrainer(SPEC, ab.GRPO(), ab.AdamWConfig(lr=1e-2))
@@ -48,6 +49,7 @@ def test_steps_in_the_child_equal_local_steps_to_the_bit(child):
         assert torch.equal(remote[name], tensor), name
 
 
+@pytest.mark.slow  # a trainer child process
 def test_a_bad_batch_is_a_clear_error_and_the_child_lives_on(child):
     with pytest.raises(TrainerProcessError, match="not a valid safetensors blob"):
         child._call({"op": "step"}, b"definitely not safetensors")
@@ -57,6 +59,7 @@ def test_a_bad_batch_is_a_clear_error_and_the_child_lives_on(child):
     assert child.version == 1
 
 
+@pytest.mark.slow  # a trainer child process
 def test_a_killed_child_is_reported_with_its_log(child):
     child.step(_batch())
     os.kill(child._proc.pid, signal.SIGKILL)
@@ -68,6 +71,7 @@ def test_a_killed_child_is_reported_with_its_log(child):
     child.close()  # idempotent after death
 
 
+@pytest.mark.slow  # a trainer child process
 def test_save_load_and_sft_through_the_child(child, tmp_path):
     child.step(_batch())
     child.save(tmp_path / "ckpt")
@@ -84,6 +88,7 @@ def test_save_load_and_sft_through_the_child(child, tmp_path):
         assert torch.equal(tensor, before[name]), name
 
 
+@pytest.mark.slow  # a trainer child process
 def test_a_session_trains_in_a_child_and_the_engine_holds_its_weights(tmp_path):
     class Echo(ab.Environment):
         roles = ("solver",)
@@ -132,6 +137,7 @@ def test_the_default_trainer_follows_the_machine_and_the_environment(tmp_path, m
         ab.Session(tmp_path / "x", trainer="elsewhere")
 
 
+@pytest.mark.slow  # a trainer child process
 def test_a_warm_start_in_the_child_reaches_the_engine(tmp_path):
     with ab.Session(tmp_path / "s", trainer="process") as session:
         policy = session.policy("solver", SPEC, optimizer=ab.AdamWConfig(lr=1e-2))

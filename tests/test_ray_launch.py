@@ -75,6 +75,7 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
         _import_ray()
 
 
+@pytest.mark.slow  # a fresh interpreter that imports Ray
 def test_no_cluster_at_the_address():
     port = free_port()  # nothing listens there
     code = ("from astranb.services import launch_ray\n"
@@ -89,6 +90,7 @@ def test_no_cluster_at_the_address():
     assert issubclass(NoRayCluster, ConnectionError)
 
 
+@pytest.mark.slow  # starts a local Ray cluster (module fixture)
 def test_specs_larger_than_the_cluster_are_refused(cluster):
     with pytest.raises(RaySpecError, match="needs 1 CPUs and 2 GPUs on one node.*0 GPUs"):
         launch_ray(rollout=[{"gpus": 2}])
@@ -217,6 +219,7 @@ def test_a_killed_trainer_actor_comes_back_from_its_checkpoint(cluster, tmp_path
             assert run.accounting["lost"] == 0 and run.accounting["trained_twice"] == 0
 
 
+@pytest.mark.slow  # a Ray actor process
 def test_a_service_that_cannot_start_is_reported_with_its_log(cluster):
     started = time.monotonic()
     with pytest.raises(RayLaunchError, match=r"(?s)exited with status 2 before answering.*"
@@ -226,6 +229,7 @@ def test_a_service_that_cannot_start_is_reported_with_its_log(cluster):
     wait_for(lambda: ray.available_resources().get("CPU") == 4, 30, "resources freed")
 
 
+@pytest.mark.slow  # a local Ray cluster
 def test_an_address_is_not_silently_ignored_when_connected_already(cluster):
     with pytest.warns(RuntimeWarning, match="connected to Ray already and stays on that cluster"):
         with pytest.raises(RaySpecError):  # checked on the cluster it is connected to

@@ -35,6 +35,7 @@ from astranb.session.checkpoint import (
 )
 from astranb.session.folder import FolderLocked
 from astranb.weights.codec import checksum
+from tests.waiting import wait_until
 
 STEPS = 30
 EVERY = 5
@@ -125,6 +126,7 @@ def _episodes(run_dir: Path) -> list[dict]:
     return [e.to_json() for e in EpisodeLog(run_dir)]
 
 
+@pytest.mark.slow  # training scripts in subprocesses, killed twice
 def test_a_run_killed_twice_resumes_with_every_sample_and_episode_accounted_for(tmp_path):
     rng = random.Random()
     folder = tmp_path / "runs"
@@ -263,6 +265,7 @@ def test_runs_of_one_folder_stay_separate_across_sessions(tmp_path):
     assert len(_rows(first.directory)) == len(_rows(second.directory)) == 2
 
 
+@pytest.mark.slow  # a second interpreter holds the folder
 def test_a_second_session_on_a_live_folder_is_refused(tmp_path):
     holder = _script(tmp_path, "hold.py", textwrap.dedent("""\
         import sys, time
@@ -293,8 +296,7 @@ def test_a_second_session_on_a_live_folder_is_refused(tmp_path):
     with pytest.raises(FolderLocked, match="trains in"):
         ab.Session(tmp_path / "runs")
     run.stop()
-    while run.status == "running":
-        time.sleep(0.05)
+    wait_until(lambda: run.status != "running", 60, "the run to stop")
     with pytest.warns(RuntimeWarning, match=f"{tmp_path / 'runs'} open and ran nothing; it is "
                                             "closed now"):
         again = ab.Session(tmp_path / "runs")  # the idle one is closed for it
@@ -328,6 +330,7 @@ def _tmpfs(path: Path, size: str) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
 
 
+@pytest.mark.slow  # a training script in a subprocess, on a tmpfs
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_a_full_or_read_only_disk_stops_the_run_with_a_clear_error(tmp_path, fault):
     disk = tmp_path / "disk"

@@ -5,7 +5,6 @@ service reach the server."""
 from __future__ import annotations
 
 import threading
-import time
 
 import anyio
 import httpx
@@ -18,6 +17,7 @@ from astranb.remote.serialize import spec_to_wire
 from astranb.services import rollout_app
 from astranb.weights.codec import encode_full
 from tests.fake_sglang import FakeSGLang, expected
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 EPISODES = 8
@@ -40,10 +40,8 @@ def fake_server():
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="fake-sglang", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "fake SGLang did not start"
-        time.sleep(0.01)
+    wait_until(lambda: server.started or not thread.is_alive(), 10, "fake SGLang to start")
+    assert server.started, "fake SGLang did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     yield fake, f"http://127.0.0.1:{port}"
     server.should_exit = True

@@ -79,6 +79,7 @@ def _far_share(tmp_path) -> tuple[int, int]:
     return near_n, far_n
 
 
+@pytest.mark.slow  # a 20-step run over in-process services
 def test_a_far_service_gets_less_work_than_a_split_blind_to_pace_gives_it(tmp_path,
                                                                           monkeypatch):
     near, far = _far_share(tmp_path / "aware")

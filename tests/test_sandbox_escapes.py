@@ -19,11 +19,12 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 
 import anyio
 import pytest
 from astranb_code import Limits, Sandbox
+
+from tests.waiting import wait_until
 
 ROOT = os.geteuid() == 0
 FAST = Limits(wall_seconds=10, cpu_seconds=5, memory_bytes=256 << 20)
@@ -281,6 +282,7 @@ def test_no_installed_package_s_files_are_seen_even_from_a_venv(tmp_path_factory
 
 # -- bounds ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # forked jobs filling memory
 @pytest.mark.parametrize("bound", ["group", "watcher"])
 def test_the_memory_of_all_a_job_s_processes_together_is_bounded(sandbox, bound, monkeypatch):
     if bound == "watcher":  # as on a machine that gives this process no memory cgroup
@@ -337,6 +339,7 @@ def test_disk_use_is_bounded_in_bytes_and_in_files(sandbox):
 
 # -- two sandboxes on one machine ----------------------------------------------------------------
 
+@pytest.mark.slow  # jobs of two sandboxes at once
 @pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
 def test_two_sandboxes_in_one_process_never_share_a_uid():
     first, second = Sandbox(FAST, concurrency=2), Sandbox(FAST, concurrency=2)
@@ -384,18 +387,18 @@ print(json.dumps({"passed": result.passed, "error": result.error, "stdout": resu
 '''
 
 
+@pytest.mark.slow  # two interpreters
 @pytest.mark.skipif(not ROOT, reason="jobs have uids of their own only when run as root")
 def test_two_processes_sandboxes_neither_disturb_nor_reach_each_other():
     token = secrets.token_hex(4)
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, token], stdout=subprocess.PIPE,
                               text=True)
     try:
-        deadline = time.monotonic() + 30
         pattern = [f"/run/astranb/jobs/*/victim-{token}.txt", f"/tmp/*/victim-{token}.txt",
                    f"/tmp/astranb-root/jobs/*/victim-{token}.txt"]
-        while not any(glob.glob(p) for p in pattern):  # the victim's job has started
-            assert time.monotonic() < deadline and victim.poll() is None, "no victim job"
-            time.sleep(0.05)
+        wait_until(lambda: any(glob.glob(p) for p in pattern) or victim.poll() is not None, 30,
+                   "the victim's job to start")
+        assert victim.poll() is None, "no victim job"
         alone = Sandbox(FAST, concurrency=1)
         attacks = [attack(alone, '''
             import glob
@@ -507,10 +510,8 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it(monkeypatch):
                               start_new_session=True)
     try:
         assert holder.stdout.readline().strip() == "started"
-        deadline = time.monotonic() + 30
-        while not any(b"_runner.py" in _cmdline(p) for p in _descendants(holder.pid)):
-            assert time.monotonic() < deadline, "no job started"
-            time.sleep(0.05)
+        wait_until(lambda: any(b"_runner.py" in _cmdline(p) for p in _descendants(holder.pid)),
+                   30, "a job to start")
         jobs = _descendants(holder.pid)
         directories = {os.readlink(f"/proc/{pid}/cwd") for pid in jobs if _alive(pid)} - {"/"} \
             if ROOT else set()
@@ -519,10 +520,8 @@ def test_jobs_ignore_the_launcher_s_interrupt_and_die_with_it(monkeypatch):
         assert all(_alive(pid) for pid in jobs), "SIGINT reached the job"
         holder.kill()
         holder.wait()
-        deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in jobs):
-            assert time.monotonic() < deadline, "the job outlived its launcher"
-            time.sleep(0.05)
+        wait_until(lambda: not any(_alive(pid) for pid in jobs), 20,
+                   "the job to end with its launcher")
         if ROOT:  # the dead launcher's job directory (a tmpfs) is reclaimed by the next one
             from astranb_code import _contain
             assert any(d.startswith(_contain.STATE) for d in directories), directories

@@ -28,6 +28,7 @@ from astranb.types import Batch, Generation, SamplingParams, ToolCall, Trajector
 
 from .envs import CountA, SlowCountA
 from .services import in_process_services
+from .waiting import wait_until
 
 TOKEN = "test-token"
 
@@ -326,9 +327,17 @@ def test_a_trainer_restart_that_lost_steps_rolls_the_run_back_to_its_checkpoint(
         run = session.train(steps=3, batch_size=16, group_size=4,
                             max_staleness=1).wait(progress=False)
         assert policy.version == 3 and (checkpoints / "solver" / "v000002").is_dir()
-        transports["http://t"].down = True
+        trainer, refused = transports["http://t"], []
+        reach = trainer.handle_async_request
+
+        async def counted(request):  # the requests that find the trainer gone
+            refused.extend([request.url] if trainer.down else [])
+            return await reach(request)
+
+        trainer.handle_async_request = counted
+        trainer.down = True
         run = session.train(steps=4, batch_size=16, group_size=4, max_staleness=1)
-        time.sleep(0.5)  # the session finds the trainer gone and waits for it
+        wait_until(lambda: refused, 60, "the session to find the trainer gone")
         transports["http://t"].inner = httpx.ASGITransport(trainer_app.create_app(trainer_config))
         transports["http://t"].down = False
         run.wait(progress=False)
@@ -351,11 +360,10 @@ def test_rollout_services_join_and_leave_while_a_run_goes_on(tmp_path):
         policy = session.policy("solver", ab.models.tiny())
         session.wire(SlowCountA(), solver=policy)
         run = session.train(steps=16, batch_size=16, group_size=4, max_staleness=1)
-        while len(run.metrics) < 3:
-            time.sleep(0.05)
+        wait_until(lambda: len(run.metrics) >= 3, 120, "three steps")
         session.add_rollout("http://r1")  # joins mid-run: catches up, then gets work
-        while apps["http://r1"].state.service.counters["finished"] < 8:
-            time.sleep(0.05)
+        wait_until(lambda: apps["http://r1"].state.service.counters["finished"] >= 8, 120,
+                   "r1 to finish 8 episodes")
         session.remove_rollout("http://r0")  # leaves mid-run: its in-flight work moves to r1
         run.wait(progress=False)
         books = run.accounting

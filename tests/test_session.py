@@ -15,6 +15,7 @@ import astranb as ab
 from astranb.dataflow.orchestrator import EpisodesKeepFailing
 from astranb.engines._kvbatch import SlotKV
 from tests.envs import AlwaysFails, CountA, Flaky, SpawnCountA, TwoRoles
+from tests.waiting import wait_until
 
 
 def make_session(tmp_path, env=None, **policy_kwargs):
@@ -173,15 +174,12 @@ def test_stop_cancels_cleanly_and_keeps_what_was_collected(tmp_path):
     session, policy = make_session(tmp_path)
     with session:
         run = session.train(steps=10_000, batch_size=8, group_size=4)
-        while len(run.metrics) < 2:
-            time.sleep(0.05)
+        wait_until(lambda: len(run.metrics) >= 2, 60, "two steps")
         run.stop()
         run.wait(timeout=30, progress=False)
         assert run.status == "stopped"
         assert len(run.metrics) >= 2
-        deadline = time.monotonic() + 5
-        while policy.engine.availability() < 32 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: policy.engine.availability() >= 32, 5, "the engine's slots to free")
         assert policy.engine.availability() == 32  # no request left behind in the engine
         # the session can train again afterwards, continuing from the current version
         version = policy.version
@@ -346,6 +344,7 @@ def test_the_heap_is_frozen_while_a_run_trains_and_given_back_after(tmp_path):
         assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow  # a trainer child process
 def test_the_next_batch_is_collected_and_encoded_while_a_step_trains(tmp_path):
     """With the trainer in a child process, batch v+1 is popped, collated and encoded while
     step v runs in the child, and trains unchanged (the very object prepared) at step v+1;

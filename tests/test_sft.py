@@ -102,6 +102,7 @@ def test_bad_demonstrations_get_clear_errors(tokenizer):
         sft_rows(tokenizer, {"conversation": []})
 
 
+@pytest.mark.slow  # 12 SFT steps end to end
 def test_policy_sft_lowers_the_loss_and_publishes(tmp_path):
     with ab.Session(tmp_path) as session:
         policy = session.policy("p", SPEC, optimizer=ab.AdamWConfig(lr=1e-3))

@@ -155,6 +155,7 @@ def test_a_relay_pulls_each_version_once_per_region_direct_pulls_once_per_servic
 
 # -- routing -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # long simulated runs
 @pytest.mark.parametrize("routing", ["throughput", "round_robin"])
 def test_throughput_aware_routing_gives_a_slow_pool_proportionally_less_work(routing):
     # two pools of 2 GPUs beside the trainer, one a quarter as fast: 20% of the capacity
@@ -169,6 +170,7 @@ def test_throughput_aware_routing_gives_a_slow_pool_proportionally_less_work(rou
         assert share == pytest.approx(0.5, abs=0.02)
 
 
+@pytest.mark.slow  # a long simulated run
 def test_a_pool_far_behind_gets_no_new_work_and_holds_nothing_back():
     # a 10 Mbit/s link: even a delta (15 MB) takes 12 s, so the far pool falls behind
     slow_link = LinkSpec(10e6, 0.3)
@@ -252,6 +254,7 @@ def test_draining_gpu_finishes_what_it_decodes_and_hands_on_its_queue():
     assert not pool.drain()  # the last serving GPU stays
 
 
+@pytest.mark.slow  # a long simulated run
 def test_autoscaler_adds_when_work_waits_and_drains_when_idle_losing_nothing():
     # long answers first (rollouts are the bottleneck: work queues), then short ones (training
     # is: ~4 GPUs keep up)
@@ -279,6 +282,7 @@ def test_autoscaler_adds_when_work_waits_and_drains_when_idle_losing_nothing():
 
 # -- the bench's headline, small -----------------------------------------------------------------
 
+@pytest.mark.slow  # a long simulated run
 def test_throughput_aware_with_relays_reaches_the_pools_capacity():
     best = sim.simulate_regions(small(sync="relay", routing="throughput"))
     naive = sim.simulate_regions(small(sync="direct", routing="round_robin"))

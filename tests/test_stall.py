@@ -25,6 +25,7 @@ from astranb.dataflow.stall import (
 )
 from astranb.notebook.dashboard import View
 from tests.envs import CountA
+from tests.waiting import wait_until
 
 DEADLINE = 60.0
 """Seconds a run gets to say what is wrong (it says it in well under one)."""
@@ -94,14 +95,6 @@ def make_session(tmp_path, env):
                             max_batch_size=32)
     session.wire(env, solver=policy)
     return session
-
-
-def wait_for(condition, what: str, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while not (found := condition()):
-        assert time.monotonic() < end, f"no {what} within {deadline} s"
-        time.sleep(0.05)
-    return found
 
 
 def stalled_events(run):
@@ -212,9 +205,9 @@ def test_prompts_longer_than_the_context_fail_the_run_instead_of_spinning(tmp_pa
 # -- runs that stop moving: a "stalled" event, run.status, the dashboard ------------------------
 def test_groups_all_dropped_by_filter_groups_say_so(tmp_path, capsys):
     with make_session(tmp_path, AlwaysZero()) as session:
-        # said once the run has not moved for stall_seconds / 4 (5 s here, 30 s by default)
-        run = session.train(steps=3, batch_size=4, group_size=2, stall_seconds=20)
-        event = wait_for(lambda: stalled_events(run), "stalled event")[0]
+        # said once the run has not moved for stall_seconds / 4 (2 s here, 30 s by default)
+        run = session.train(steps=3, batch_size=4, group_size=2, stall_seconds=8)
+        event = wait_until(lambda: stalled_events(run), DEADLINE, "a stalled event")[0]
         assert event["reason"] == "filter_groups" and event["policies"] == ["solver"]
         said = re.match(r"the last (\d+) groups of solver were all dropped by filter_groups: "
                         r"every reward was 0\.0, so no group has a signal", event["message"])
@@ -237,10 +230,10 @@ def test_a_stall_ends_when_the_run_steps_again(tmp_path):
     with make_session(tmp_path, env) as session:
         run = session.train(steps=1000, batch_size=4, group_size=2, stall_seconds=4)
         try:
-            wait_for(lambda: stalled_events(run), "stalled event")
+            wait_until(lambda: stalled_events(run), DEADLINE, "a stalled event")
             assert run.status == "stalled"
             env.ties = False
-            wait_for(lambda: run.rows, "step after the ties")
+            wait_until(lambda: run.rows, DEADLINE, "a step after the ties")
             assert run.status == "running" and run.stalled is None
         finally:
             run.stop()
@@ -250,7 +243,7 @@ def test_a_stall_ends_when_the_run_steps_again(tmp_path):
 def test_a_run_that_stops_moving_says_what_it_waits_for(tmp_path):
     with make_session(tmp_path, NeverEnds()) as session:
         run = session.train(steps=2, batch_size=4, group_size=2, stall_seconds=0.5)
-        event = wait_for(lambda: stalled_events(run), "stalled event")[0]
+        event = wait_until(lambda: stalled_events(run), DEADLINE, "a stalled event")[0]
         assert event["reason"] == "no_progress"
         assert event["waiting_for"] == ["buffer", "gate", "episodes in flight"]
         assert "solver waits for its buffer (0 of the 2 groups a step takes are there)" \

@@ -32,6 +32,7 @@ from astranb.session.report import summarize
 from astranb.sweep import axes_of, plan, point_name
 from tests.envs import CountA
 from tests.test_cli_run import html_text, write_notebook
+from tests.waiting import wait_until
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -109,8 +110,7 @@ def test_run_json_of_a_stopped_run(tmp_path):
     session, _ = make_session(tmp_path)
     with session:
         run = session.train(steps=10_000, batch_size=8, group_size=4)
-        while len(run.rows) < 2:
-            time.sleep(0.05)
+        wait_until(lambda: len(run.rows) >= 2, 60, "two steps")
         run.stop()
         run.wait(timeout=30, progress=False)
     info = run_json(run)
@@ -326,12 +326,12 @@ def test_unknown_parameters_and_bad_arguments_are_refused_before_anything_runs(t
 # -- the acceptance: the quickstart --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def quickstart_sweep(tmp_path_factory):
-    """`astranb sweep notebooks/01_quickstart.ipynb -p steps 20 40 -p lr 1e-3 3e-3` (smoke
+    """`astranb sweep notebooks/01_quickstart.ipynb -p steps 4 8 -p lr 1e-3 3e-3` (smoke
     sized: ASTRANB_SMOKE is set for the test suite), in a child process as a user runs it."""
     assert os.environ.get("ASTRANB_SMOKE")
     out = tmp_path_factory.mktemp("quickstart") / "sweep"
     command = [sys.executable, "-m", "astranb.cli", "sweep", str(QUICKSTART),
-               "-p", "steps", "20", "40", "-p", "lr", "1e-3", "3e-3", "-o", str(out),
+               "-p", "steps", "4", "8", "-p", "lr", "1e-3", "3e-3", "-o", str(out),
                "--jobs", "2"]
     began = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=560, cwd=ROOT)
@@ -343,17 +343,17 @@ def quickstart_sweep(tmp_path_factory):
 def test_quickstart_sweep_writes_four_notebooks_four_html_files_and_one_table(quickstart_sweep):
     out, _, done, _ = quickstart_sweep
     assert done.returncode == 0, done.stdout + done.stderr
-    names = ["steps=20_lr=1e-3", "steps=20_lr=3e-3", "steps=40_lr=1e-3", "steps=40_lr=3e-3"]
+    names = ["steps=4_lr=1e-3", "steps=4_lr=3e-3", "steps=8_lr=1e-3", "steps=8_lr=3e-3"]
     assert sorted(p.stem for p in out.glob("*.ipynb")) == names
     assert sorted(p.stem for p in out.glob("*.html")) == names
     assert "random-policy baseline reward" in html_text(out / f"{names[0]}.html")
     table = pd.read_parquet(out / "sweep.parquet")
     assert len(table) == 4 and len(pd.read_csv(out / "sweep.csv")) == 4
     assert table["point"].tolist() == names
-    assert table["steps"].tolist() == [20, 20, 40, 40]
+    assert table["steps"].tolist() == [4, 4, 8, 8]
     assert table["lr"].tolist() == [1e-3, 3e-3, 1e-3, 3e-3]
     assert (table["status"] == "ok").all() and (table["run_status"] == "finished").all()
-    assert table["steps_done"].tolist() == [20, 20, 40, 40]  # the smoke cell kept them
+    assert table["steps_done"].tolist() == [4, 4, 8, 8]  # the smoke cell kept them
     for column in ("reward_last_10pct", "reward_last", "staleness_max", "baseline",
                    "final_eval", "wall_s"):
         assert table[column].notna().all(), column
@@ -370,7 +370,7 @@ def test_runs_and_compare_on_the_quickstart_sweep(quickstart_sweep):
     assert done.returncode == 0, done.stdout + done.stderr
     table = ab.runs(out).sort_values(["steps", "lr"])
     assert len(table) == 4 and (table["status"] == "finished").all()
-    assert table["steps"].tolist() == [20, 20, 40, 40] and table["batch_size"].eq(16).all()
+    assert table["steps"].tolist() == [4, 4, 8, 8] and table["batch_size"].eq(16).all()
     assert table["lr"].tolist() == [1e-3, 3e-3, 1e-3, 3e-3]
     assert table["param/lr"].tolist() == table["lr"].tolist()  # the sweep point's parameters
     assert table["steps_done"].tolist() == table["steps"].tolist()
@@ -379,10 +379,10 @@ def test_runs_and_compare_on_the_quickstart_sweep(quickstart_sweep):
     try:
         reward, staleness = fig.axes
         assert len(reward.get_lines()) == len(staleness.get_lines()) == 4
-        assert sorted(len(line.get_xdata()) for line in reward.get_lines()) == [20, 20, 40, 40]
+        assert sorted(len(line.get_xdata()) for line in reward.get_lines()) == [4, 4, 8, 8]
         labels = [t.get_text() for t in reward.get_legend().get_texts()]
-        assert labels == ["lr=0.001 steps=20", "lr=0.003 steps=20", "lr=0.001 steps=40",
-                          "lr=0.003 steps=40"]
+        assert labels == ["lr=0.001 steps=4", "lr=0.003 steps=4", "lr=0.001 steps=8",
+                          "lr=0.003 steps=8"]
     finally:
         plt.close(fig)
 

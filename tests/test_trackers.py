@@ -218,6 +218,7 @@ def wandb_records(path: Path):
             yield record
 
 
+@pytest.mark.slow  # imports wandb and syncs an offline run
 def test_wandb_offline_run_holds_every_row_and_window(tmp_path, monkeypatch):
     for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb"),
                         "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wbconf"),
@@ -255,6 +256,7 @@ def test_wandb_offline_run_holds_every_row_and_window(tmp_path, monkeypatch):
 
 # -- MLflow (file store) -------------------------------------------------------------------------
 
+@pytest.mark.slow  # imports mlflow
 def test_mlflow_file_store_holds_every_row_and_window(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from astranb.weights import (
     encode,
     peek,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -228,12 +228,10 @@ def test_a_mirror_warms_the_loops_when_it_takes_its_first_full_snapshot(monkeypa
     _kernels._warmed.discard(key)
     mirror = Mirror()
     mirror.apply(codec.encode_full({"w": torch.zeros(3, dtype=torch.float32)}))
-    deadline = time.monotonic() + 60
-    while key not in _kernels._warmed and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert key in _kernels._warmed
+    wait_until(lambda: key in _kernels._warmed, 60, "the kernels to be warmed in the background")
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
     script = (
         "import torch, numpy as np\n"
@@ -252,6 +250,7 @@ def test_astranb_no_numba_selects_the_numpy_path_with_the_same_result():
     assert done.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_small_deltas_and_small_models_never_load_numba():
     """A process that only sees payloads under the threshold (a tiny model) does not import
     numba at all; the first payload over it does."""

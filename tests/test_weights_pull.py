@@ -8,7 +8,7 @@ import asyncio
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import numpy as np
 import pytest
@@ -22,6 +22,7 @@ from astranb.services import rollout_app, rollout_bodies, trainer_app
 from astranb.services.http import ServiceConfig, install, octets
 from astranb.weights import CorruptPayload, Mirror, _sections, checksum, codec, peek
 from astranb.weights.store import WeightStore
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,10 +49,8 @@ def serving(app):
                                            access_log=False, ws="none", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
+    wait_until(lambda: server.started or not thread.is_alive(), 30, "uvicorn to start")
+    assert server.started, "uvicorn did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"
@@ -101,8 +100,11 @@ def raw_server(answer: bytes, hold: threading.Event | None = None):
     finally:
         if hold is not None:
             hold.set()
+        with suppress(OSError):  # wakes the thread's accept(): close alone does not
+            server.shutdown(socket.SHUT_RDWR)
         server.close()
         thread.join(5)
+        assert not thread.is_alive(), "the raw server's thread did not end"
 
 
 # -- the client: get_octets and TrainerClient.weights ---------------------------------------------
