@@ -37,7 +37,9 @@ def test_virtual_time_is_virtual():
     slow = dataclasses.replace(small().rollout, step_base=5.0)
     result = sim.simulate(small(rollout=slow, schedules=("independent", "baseline")))
     assert min(r.virtual_seconds for r in result.schedules.values()) > 3600
-    assert time.perf_counter() - started < 5.0
+    # waited for, the sleep alone would take an hour: any bound far below it shows the clock is
+    # virtual, and a generous one holds on a loaded machine
+    assert time.perf_counter() - started < 300.0
 
 
 async def _sleep_an_hour() -> float:
