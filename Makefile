@@ -2,6 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+
+# pytest rewrites every test module's asserts on import; with bytecode off it does so on every run
+# (about 10 s of collection), so the test targets keep the compiled files (in __pycache__/)
+unexport PYTHONDONTWRITEBYTECODE
 # torch comes from PyTorch's CPU wheel index (on Linux a plain `torch` requirement from the default
 # index is the multi-GB CUDA build). Where that index cannot be reached, setup says so and installs
 # the plain requirement instead; the first try gives up after 15 s without an answer.
@@ -87,7 +91,7 @@ test-notebooks: setup browser
 # Everything but the tests marked slow (subprocesses, live services, FSDP, Ray, the browser,
 # notebooks): every module's unit tests in under a minute on 2 cores, in two workers.
 test-fast: setup
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:nbmake -o addopts="-p no:cacheprovider" tests
 
 lint: setup
 	$(BIN)/ruff check astranb tests bench scripts environments

@@ -376,6 +376,7 @@ def _reference_kept(m2, trained, candidate, threshold):
     threshold=st.floats(0.001, 0.5),
     only_violating=st.booleans(),
 )
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_m2po_mask_matches_brute_force(data, threshold, only_violating):
     log_ratio = torch.tensor([d[0] for d in data], dtype=torch.float32)
     trained = [d[1] for d in data]

@@ -421,6 +421,7 @@ def _generator():
     return module
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_the_shipped_tokenizer_files_are_what_the_generator_writes(tmp_path):
     generator = _generator()
     written = generator.build(tmp_path)

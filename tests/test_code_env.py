@@ -154,6 +154,7 @@ def test_the_isolation_layers_are_reported(sandbox):
 
 # -- the pool -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_the_pool_runs_jobs_off_the_loop_and_at_most_concurrency_at_once():
     sandbox = Sandbox(FAST, concurrency=2)
     ticks = []
@@ -229,6 +230,7 @@ def test_mbpp_and_humaneval_rows_become_tasks():
         normalize({"prompt": "", "entry_point": "f", "test": "assert True"})
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_generated_tasks_are_solved_by_their_own_solutions():
     tasks = synthetic_tasks(8, seed=3)
     assert len({t["entry_point"] for t in tasks}) > 2

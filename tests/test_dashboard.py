@@ -84,6 +84,7 @@ def test_truncated_episodes_add_up_on_the_drops_panel():
     assert drops["a truncated episodes"]["line"]["dash"] == "dashdot"
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_heldout_panel_draws_each_windows_scores_against_its_version():
     windows = [{"version": 0, "solver/avg@4": 0.25, "solver/pass@4": 0.5},
                {"version": 3, "solver/avg@4": 0.5, "solver/pass@4": float("nan")}]
@@ -140,6 +141,7 @@ def test_png_is_drawn_from_the_spec():
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_throttle_bounds_renders_while_pokes_stream_fast():
     renders, errors = [], []
     throttle = Throttle(lambda: renders.append(time.monotonic()), 0.1, errors.append)
@@ -263,6 +265,7 @@ def test_a_view_that_raises_on_finish_is_reported_not_raised(tmp_path):
     assert run.status == "finished"
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_static_and_text_dashboards(tmp_path, capsys):
     session = make_session(tmp_path)
     with session:

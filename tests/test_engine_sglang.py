@@ -345,6 +345,7 @@ def fake_sglang_package(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), str(root)]))
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_launch_waits_for_health_and_close_ends_the_server(spec, fake_sglang_package):
     engine = SGLangEngine(spec, launch=True, token="s3cret", launch_timeout=60)
     try:

@@ -115,6 +115,7 @@ def test_exit_hook_runs_before_concurrent_futures_joins_its_workers():
     _loopthread._live.clear()
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_hook_holds_sessions_weakly_and_forgets_closed_ones(tmp_path):
     session = ab.Session(tmp_path / "runs")
     policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),

@@ -53,6 +53,7 @@ def test_every_canonical_solution_scores_one_and_every_empty_body_zero(sandbox):
     assert all(r.total == 1 for r in results.values())  # one test per problem: its whole check
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_asserts_in_loops_after_the_last_top_level_assert_count(sandbox):
     """HumanEval/44 and /53 end in `for` loops of asserts: a lookup table of the top-level
     asserts' answers is not a solution."""
@@ -89,6 +90,7 @@ def test_partial_credit_never_counts_an_assert_that_cannot_fail(sandbox):
     assert all(r.passed == r.total and r.error is None for r in right.values())
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_episodes_use_the_prompts_helpers_in_both_program_and_tests(sandbox):
     """/38's and /32's canonical solutions call the prompt's encode_cyclic() and poly() without
     defining them; /32's check calls poly() too, and a program that redefines poly() to flatter

@@ -221,6 +221,7 @@ def _train_here(folder: Path, steps: int, every: int | None, **kw) -> ab.Run:
     return run
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_torn_checkpoint_is_skipped_with_a_warning_and_the_previous_one_taken(tmp_path):
     run = _train_here(tmp_path, 12, 5)
     run.session.close()
@@ -242,6 +243,7 @@ def test_a_torn_checkpoint_is_skipped_with_a_warning_and_the_previous_one_taken(
     session.close()
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_finished_run_and_a_run_without_checkpoints_say_what_to_do(tmp_path):
     run = _train_here(tmp_path / "a", 5, 5)
     run.session.close()

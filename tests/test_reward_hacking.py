@@ -294,6 +294,7 @@ def test_a_humaneval_check_cannot_be_forged(sandbox, name):
 
 # -- the boundary's rules --------------------------------------------------------------------------
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_test_that_catches_exceptions_still_fails_a_forged_answer(sandbox):
     """A test may expect the program's exception (it arrives as the built-in of that name), but
     no `except` in a test turns a forged or missing answer into a pass."""

@@ -77,6 +77,7 @@ def check_generations(results: list[dict], prompt_ids: list[int], loads: int) ->
         assert gen["versions"] == [loads] * 8 and gen["finish_reason"] == "length"
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_episodes_and_pushed_weights_through_the_sglang_engine(spec, fake_server):
     fake, url = fake_server
     app = make_app(url)

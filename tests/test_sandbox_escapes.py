@@ -453,6 +453,7 @@ def test_a_launched_job_holds_only_its_files_runs_as_its_uid_and_leaves_nothing(
     assert not any(_alive(pid) for pid in family)
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_job_outlives_the_thread_that_launched_it(sandbox):
     """A job dies with its parent, and to the kernel that is the thread that forked it: a pool
     thread that retires must not take the jobs it launched with it."""

@@ -51,6 +51,7 @@ def slow_decodes(monkeypatch, seconds: float):
     monkeypatch.setattr(SlotKV, "decode", slow_decode)
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_async_rollouts_continue_during_train_steps(tmp_path):
     session, policy = make_session(tmp_path)
     slow_steps(policy, 0.2)
@@ -86,6 +87,7 @@ def test_max_staleness_zero_is_synchronous(tmp_path):
     groups=st.integers(1, 3),
     order=st.sampled_from(["edf", "fifo"]),
 )
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_no_trained_sample_exceeds_max_staleness(tmp_path_factory, max_staleness, group_size,
                                                   groups, order):
     session, policy = make_session(tmp_path_factory.mktemp("run"))
@@ -99,6 +101,7 @@ def test_no_trained_sample_exceeds_max_staleness(tmp_path_factory, max_staleness
     assert (df["staleness_max"] <= max_staleness).all()
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeypatch):
     """Generation made slower than a train step: the groups admitted after a publish are still
     decoding when the next step publishes, so their completions carry two versions."""
@@ -113,6 +116,7 @@ def test_generations_span_weight_updates_and_stay_within_bound(tmp_path, monkeyp
     assert (run.metrics["staleness_max"] <= 1).all()
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_the_staleness_bound_holds_across_parent_and_sub_agent_turns(tmp_path, monkeypatch):
     """Episodes whose sub-agents generate after the parent: every conversation of the tree is
     trained, and no trained token, parent's or child's, is older than the bound."""
@@ -318,6 +322,7 @@ def test_evaluate_counts_failed_episodes_and_refuses_when_all_fail(tmp_path):
     assert "broken reward function" in str(error.value)
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_the_heap_is_frozen_while_a_run_trains_and_given_back_after(tmp_path):
     """Full GC passes walk only what runs make (astranb/_heap.py): frozen from the first run's
     start to the last one's end, nested holds counted, a release taken once."""

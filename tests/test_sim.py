@@ -30,6 +30,7 @@ def small(**overrides) -> SimConfig:
     return dataclasses.replace(config, **overrides)
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_virtual_time_is_virtual():
     started = time.perf_counter()
     assert sim.run_virtual(_sleep_an_hour) == pytest.approx(3600.0)
@@ -105,6 +106,7 @@ def _version_gaps(rows) -> list[int]:
     return gaps
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_barrier_keeps_versions_within_one():
     # the solver trains 3x faster and rollouts are cheap: independent policies drift apart
     training = dataclasses.replace(small().training, gpus=4, placement="split", split=(3, 1))

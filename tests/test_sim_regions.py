@@ -131,6 +131,7 @@ def test_delta_bytes_are_the_real_codecs():
 
 # -- relays --------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 @pytest.mark.parametrize("sync", ["relay", "direct"])
 def test_a_relay_pulls_each_version_once_per_region_direct_pulls_once_per_service(sync):
     config = small(pools=(("home", "home", 2, 1.0), ("far", "west", 4, 1.0)), sync=sync,
@@ -185,6 +186,7 @@ def test_a_pool_far_behind_gets_no_new_work_and_holds_nothing_back():
     assert result.seconds_per_step <= 1.05 * alone.seconds_per_step  # never waited on
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 @pytest.mark.parametrize("max_staleness", [1, 2])
 def test_staleness_bound_holds_at_every_step_across_regions(max_staleness):
     result = sim.simulate_regions(small(max_staleness=max_staleness, steps=10))

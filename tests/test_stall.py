@@ -203,6 +203,7 @@ def test_prompts_longer_than_the_context_fail_the_run_instead_of_spinning(tmp_pa
 
 
 # -- runs that stop moving: a "stalled" event, run.status, the dashboard ------------------------
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_groups_all_dropped_by_filter_groups_say_so(tmp_path, capsys):
     with make_session(tmp_path, AlwaysZero()) as session:
         # said once the run has not moved for stall_seconds / 4 (2 s here, 30 s by default)
@@ -225,6 +226,7 @@ def test_groups_all_dropped_by_filter_groups_say_so(tmp_path, capsys):
     assert [e["reason"] for e in on_disk if e["kind"] == "stalled"][:1] == ["filter_groups"]
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_stall_ends_when_the_run_steps_again(tmp_path):
     env = ZeroThenVaried()
     with make_session(tmp_path, env) as session:
@@ -240,6 +242,7 @@ def test_a_stall_ends_when_the_run_steps_again(tmp_path):
             run.wait(timeout=DEADLINE, progress=False)
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_a_run_that_stops_moving_says_what_it_waits_for(tmp_path):
     with make_session(tmp_path, NeverEnds()) as session:
         run = session.train(steps=2, batch_size=4, group_size=2, stall_seconds=0.5)

@@ -190,6 +190,7 @@ def test_summarize_matches_the_rows():
     assert summarize([]) == {"steps": 0}
 
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_compare_draws_one_line_per_run_on_each_axis(tmp_path):
     a = fake_run(tmp_path / "lr1" / "run-000", info=start_info(1e-3, status="finished"))
     b = fake_run(tmp_path / "lr3" / "run-000", info=start_info(3e-3, status="finished"),

@@ -161,6 +161,7 @@ def test_a_bad_logger_fails_before_any_work(tmp_path):
 
 # -- TensorBoard ---------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_tensorboard_holds_every_row_and_window(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

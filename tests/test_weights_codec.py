@@ -214,6 +214,7 @@ VERSIONS = st.integers(0, 2**53)
 @given(
     model=models(), policy=st.text(max_size=12), base_version=VERSIONS, version=st.none() | VERSIONS
 )
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
 def test_delta_round_trip_is_bit_exact(model, policy, base_version, version):
     old, new = model
     old_before = snapshot(old)
