@@ -494,6 +494,9 @@ def test_a_bwrap_that_cannot_start_a_job_is_named_in_the_warning(monkeypatch):
 
 HOLDER = ALONE + '''
 import os, signal, sys, threading
+# Ctrl-C raises KeyboardInterrupt here as in a terminal program, whatever this process inherited
+# (a test worker may start its children with SIGINT ignored, and Python then keeps it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sandbox = Sandbox(Limits(wall_seconds=60, cpu_seconds=60), concurrency=1)
 threading.Thread(target=sandbox.run_sync, args=("import time\\ntime.sleep(60)",
                  ["assert True"]), daemon=True).start()
