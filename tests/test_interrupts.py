@@ -74,13 +74,18 @@ SCRIPT = SESSION + """\
 import os, signal, threading, time
 run = session.train(steps=100_000, batch_size=8, group_size=4, max_staleness=1)
 
+waiting = threading.Event()
+
 def press():  # Ctrl-C in the terminal: SIGINT to the whole foreground process group
-    while run.progress[0] < 1:
+    waiting.wait()  # the main thread is about to wait on the run; one more step and it does
+    at = run.progress[0]
+    while run.progress[0] < max(at + 1, 1):
         time.sleep(0.02)
     os.killpg(os.getpgrp(), signal.SIGINT)
 
 threading.Thread(target=press, daemon=True).start()
 try:
+    waiting.set()
     run.wait(progress=False)
 except KeyboardInterrupt as interrupt:
     print("INTERRUPTED", interrupt, flush=True)
