@@ -15,6 +15,8 @@ import httpx
 from astranb.services import rollout_app, trainer_app
 from astranb.services.http import free_port
 
+from .waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_ENVS = {"CountA": "tests.envs:CountA", "SlowCountA": "tests.envs:SlowCountA",
              "ToolBetween": "tests.envs:ToolBetween", "ChatTool": "tests.envs:ChatTool"}
@@ -112,12 +114,9 @@ def status(url: str, token: str | None = None) -> dict:
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
-    """Poll `condition` every 0.1 s until it is true; TimeoutError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout} s for {what}")
-        time.sleep(0.1)
+    """`tests.waiting.wait_until` at a slower poll: these conditions ask live services, Ray or
+    `run.metrics` (a new DataFrame each time), and a run's progress is in steps of seconds."""
+    wait_until(condition, timeout, what, interval=0.1)
 
 
 def _listening(port: int) -> bool:
