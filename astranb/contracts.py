@@ -239,7 +239,10 @@ class RemoteEpisodes(Protocol):
 class RunRecorder(Protocol):
     """Where a run's metrics rows, events and episodes go."""
 
-    def add_row(self, row: dict[str, Any]) -> None: ...
+    def add_row(self, row: dict[str, Any], *, samples: dict[str, Any] | None = None) -> None:
+        """A metrics row; `samples`: the names of the samples it accounts for, in
+        `ledger.compact` form ({"trained": ..., "dropped": {reason: ...}})."""
+        ...
 
     def add_event(self, kind: str, data: dict[str, Any]) -> None: ...
 

@@ -338,9 +338,9 @@ class Logged(Recorder):
         Logged.log.append(("episode", traj))
         return super().add_episode(traj, trainer_version, **kw)
 
-    def add_row(self, row):
+    def add_row(self, row, **kw):
         Logged.log.append(("row", dict(row)))
-        super().add_row(row)
+        super().add_row(row, **kw)
 
 
 def test_rows_count_truncated_episodes_counts_and_the_sample_epoch(tmp_path, monkeypatch):

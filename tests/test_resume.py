@@ -33,7 +33,7 @@ from astranb.session.checkpoint import (
     set_aside_rows,
     verify,
 )
-from astranb.session.folder import FolderLocked
+from astranb.session.folder import FolderLocked, RunFiles
 from astranb.weights.codec import checksum
 from tests.waiting import wait_until
 
@@ -180,18 +180,24 @@ def test_a_run_killed_twice_resumes_with_every_sample_and_episode_accounted_for(
     # the rows name, or pending at the final checkpoint (a continued run would play it first)
     final = latest_good(run_dir / "checkpoints" / "solver")
     assert final.version == STEPS
-    trained = [k for r in rows for k in r["samples_trained"]]
-    dropped = [k for r in rows for ks in r["samples_dropped"].values() for k in ks]
+    # (a row holds counts; the names are in samples.jsonl, a line per row)
+    accounts = RunFiles(run_dir).samples
+    assert [(a["policy"], a["step"]) for a in accounts] == [(r["policy"], r["step"]) for r in rows]
+    assert [len(a["trained"]) for a in accounts] == [r["samples_trained"] for r in rows]
+    assert [{k: len(v) for k, v in a["dropped"].items()} for a in accounts] == \
+        [r["samples_dropped"] for r in rows]
+    trained = [k for a in accounts for k in a["trained"]]
+    dropped = [k for a in accounts for ks in a["dropped"].values() for k in ks]
     left = [e["sample_id"] for e in final.state["position"]["pending"]]
     every = trained + dropped + left
     assert len(every) == len(set(every)), "a sample was accounted for twice"
     (drawn,) = final.state["position"]["drawn"]
     assert sorted(every, key=lambda k: int(k.split(":")[1])) == [f"0:{i}" for i in range(drawn)]
-    assert set(r for row in rows for r in row["samples_dropped"]) <= {"filtered", "failed",
-                                                                      "stale", "unused"}
+    assert set(r for a in accounts for r in a["dropped"]) <= {"filtered", "failed", "stale",
+                                                              "unused"}
     assert set(pending) <= set(trained + dropped)  # the first checkpoint's pending were played
     # the filtered groups the rows count are the filtered samples they name (one stream)
-    assert sum(len(r["samples_dropped"].get("filtered", [])) for r in rows) > 0
+    assert sum(len(a["dropped"].get("filtered", [])) for a in accounts) > 0
 
     # episodes: indices go on across the restarts (each once, in completion order), and those
     # played after a checkpoint or on a replayed sample are set aside, not kept

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .sampling import DEFAULT_MAX_GEN_BATCHES
 from .stall import STALL_SECONDS
 
 __all__ = ["RunConfig"]
@@ -31,6 +32,13 @@ class RunConfig:
     stall_seconds: float = STALL_SECONDS
     """Seconds without a published step or a group reaching a buffer before the run records a
     "stalled" event saying what it waits for (see `astranb.dataflow.stall`)."""
+    max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES
+    """Batches' worth of groups the rollouts play for one step at most: past
+    `(max_gen_batches - 1) x groups_per_batch` groups dropped by filter_groups since a policy's
+    last step, its tied groups are trained (see `astranb.dataflow.sampling`); None: no bound."""
+    stop_when_learned: bool = False
+    """End a policy's training at its "learned" event (its last groups all tied at its best
+    reward) instead of going on."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):
@@ -62,6 +70,17 @@ class RunConfig:
                 or not isinstance(self.stall_seconds, (int, float)) or not self.stall_seconds > 0):
             raise ValueError(f"stall_seconds must be a number of seconds > 0, got "
                              f"{self.stall_seconds!r} (default {STALL_SECONDS:g})")
+
+        if self.max_gen_batches is not None and (
+                isinstance(self.max_gen_batches, bool) or not isinstance(self.max_gen_batches, int)
+                or self.max_gen_batches < 1):
+            raise ValueError(
+                f"max_gen_batches must be an integer >= 1 or None, got {self.max_gen_batches!r}: "
+                "the batches' worth of groups played for one step at most (default "
+                f"{DEFAULT_MAX_GEN_BATCHES}); None lets filter_groups drop without a bound")
+        if not isinstance(self.stop_when_learned, bool):
+            raise ValueError(f"stop_when_learned must be True or False, got "
+                             f"{self.stop_when_learned!r}")
 
     @property
     def groups_per_batch(self) -> int:

@@ -37,6 +37,7 @@ from .buffer import Buffer
 from .config import RunConfig
 from .loop import TrainLoop
 from .orchestrator import Orchestrator, Source, play_heldout
+from .sampling import filter_budget, learned_streak
 from .staleness import StalenessGate
 from .stall import PolicyWait, Snapshot, StallWatch, describe, filter_streak, filtered_message
 
@@ -95,7 +96,10 @@ class Dataflow:
         self.orchestrator = Orchestrator(
             list(sources), self.buffers, self.gate, recorder, group_size=config.group_size,
             seed=config.seed, max_consecutive_failures=max(64, 2 * config.batch_size),
-            remote=remote)
+            remote=remote,
+            filter_budget=filter_budget(config.max_gen_batches, config.groups_per_batch),
+            learned_after=learned_streak(config.groups_per_batch),
+            on_learned=self._learned if config.stop_when_learned else None)
         barrier = VersionBarrier(self.policies) if config.mode == "barrier" else None
         self.loops = [
             TrainLoop(p, self.buffers[n], self.gate, recorder, self.orchestrator.counters,
@@ -135,6 +139,7 @@ class Dataflow:
         started = anyio.current_time()  # the event loop's clock (virtual in the simulator)
         for loop in self.loops:
             loop.started = started - self.time_offset
+        self.orchestrator.started = started - self.time_offset
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch, started - self.time_offset)
             if self.remote is not None:
@@ -182,6 +187,12 @@ class Dataflow:
                 self._stalled(now - started, "no_progress", sorted(self.policies), waiting,
                               message)
 
+    def _learned(self, policy: str) -> None:
+        """`stop_when_learned`: the policy whose task is learned ends after its current step."""
+        for loop in self.loops:
+            if loop.policy.name == policy:
+                loop.end_early()
+
     def snapshot(self, now: float, idle: float) -> Snapshot:
         """The run's state for the watchdog (`now` on the event loop's clock)."""
         gate, orchestrator = self.gate, self.orchestrator
@@ -208,9 +219,9 @@ class Dataflow:
         version. The final version always gets a window."""
         names = {p.name for p in heldout.wiring.values()}
         loops = [loop for loop in self.loops if loop.policy.name in names]
-        final = min(loop.steps for loop in loops)
         floor = min(loop.published for loop in loops)  # lowest version a window is owed for
         while True:
+            final = min(loop.steps for loop in loops)  # lowered by a loop that ends early
             version = min(loop.published for loop in loops)
             multiple = version // heldout.every * heldout.every  # the newest one reached
             if multiple >= floor or version >= final >= floor:

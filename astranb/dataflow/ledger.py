@@ -4,10 +4,18 @@ A sample is *open* from the moment a worker draws it from its stream until a met
 every policy it was drawn for accounts for it: trained in that row's step, or dropped by a rule
 the row names ("filtered": every reward of the group was equal and the algorithm filters such
 groups; "failed": fewer than two of its episodes scored, which failed episodes cause; "stale":
-past the staleness bound at pop; "unused": the policy made no turn in it). The row lists them
-(`samples_trained`, `samples_dropped`), and only then does the sample stop being open for that
+past the staleness bound at pop; "unused": the policy made no turn in it). The row and its line
+in samples.jsonl account for them, and only then does the sample stop being open for that
 policy; this happens in the same step of the event loop as the row is recorded, so the rows on
 record and the open samples always add up to every sample drawn.
+
+A row holds counts only (`samples_trained`: how many; `samples_dropped`: how many per reason), so
+its size does not grow with what was dropped: a run whose task is learned drops thousands of
+tied groups a step. The names themselves go to the run folder's samples.jsonl beside the row,
+in a compact form (`compact`): per stream, runs of consecutive positions as [start, stop)
+pairs. Dropped samples mostly come in long runs (every sample drawn while the rest of a batch
+fills), so a line stays small; `expand` gives the names back, in stream order, each as often as
+it was accounted for (a name accounted twice shows twice).
 
 A checkpoint keeps the open samples (`pending`): the ones in flight, in a buffer, or in a
 batch not yet trained. A resumed run plays them first, in stream order, instead of skipping
@@ -22,11 +30,11 @@ after a resume. Episodes carry that name (`Trajectory.sample_id`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SampleLedger", "REASONS", "sample_id", "parse_sample_id"]
+__all__ = ["SampleLedger", "REASONS", "sample_id", "parse_sample_id", "compact", "expand"]
 
 REASONS = ("filtered", "failed", "stale", "unused")
 """Why a sample was dropped without training (keys of a row's `samples_dropped`)."""
@@ -41,6 +49,36 @@ def parse_sample_id(name: str) -> tuple[int, int]:
     """(stream, position) of a `sample_id`."""
     stream, position = name.split(":")
     return int(stream), int(position)
+
+
+def compact(names: Iterable[str]) -> dict[str, list[list[int]]]:
+    """Sample names as runs of consecutive positions per stream: {"<stream>": [[start, stop],
+    ...]} (stop exclusive), streams and runs in order. A name given twice is kept twice (a run
+    of its own), so `expand(compact(names))` is `names` sorted, duplicates included.
+
+    >>> compact(["0:4", "0:2", "0:3", "1:0", "0:7"])
+    {'0': [[2, 5], [7, 8]], '1': [[0, 1]]}
+    """
+    by_stream: dict[int, list[int]] = {}
+    for name in names:
+        stream, position = parse_sample_id(name)
+        by_stream.setdefault(stream, []).append(position)
+    runs: dict[str, list[list[int]]] = {}
+    for stream in sorted(by_stream):
+        mine: list[list[int]] = []
+        for position in sorted(by_stream[stream]):
+            if mine and mine[-1][1] == position:
+                mine[-1][1] = position + 1
+            else:
+                mine.append([position, position + 1])
+        runs[str(stream)] = mine
+    return runs
+
+
+def expand(runs: Mapping[str, Iterable[Sequence[int]]]) -> list[str]:
+    """The sample names of a `compact` form, in stream order."""
+    return [sample_id(int(stream), position) for stream in sorted(runs, key=int)
+            for start, stop in runs[stream] for position in range(int(start), int(stop))]
 
 
 @dataclass
@@ -71,13 +109,23 @@ class SampleLedger:
         """`policy` is done (it writes no more rows): it no longer waits for sample `name`."""
         self._settle(policy, [name])
 
-    def take(self, policy: str, trained: Iterable[str]) -> dict[str, Any]:
-        """The columns of `policy`'s row, whose step trained the samples `trained`: those, and
-        the samples it dropped since its last row; all of them stop being open for it."""
+    def take(self, policy: str, trained: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What `policy`'s row accounts for, whose step trained the samples `trained`: those, and
+        the samples it dropped since its last row; all of them stop being open for it.
+
+        Returns:
+            (the row's columns: `samples_trained`, a count, and `samples_dropped`, a count per
+            reason; the names for samples.jsonl: {"trained": compact, "dropped": {reason:
+            compact}}).
+        """
         names = [n for n in trained if n]
         dropped = self._dropped.pop(policy, {})
         self._settle(policy, names + [n for group in dropped.values() for n in group])
-        return {"samples_trained": names, "samples_dropped": dropped}
+        columns = {"samples_trained": len(names),
+                   "samples_dropped": {reason: len(group) for reason, group in dropped.items()}}
+        record = {"trained": compact(names),
+                  "dropped": {reason: compact(group) for reason, group in dropped.items()}}
+        return columns, record
 
     def pending(self) -> list[dict[str, Any]]:
         """The open samples, in stream order, as JSON: {"sample_id", "sample"} where "sample" is

@@ -21,7 +21,7 @@ from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..errors import TrainerRolledBack
 from ..types import Batch
 from .barrier import VersionBarrier
-from .batcher import build_batch
+from .batcher import build_batch, has_signal_for
 from .buffer import Buffer, Group
 from .orchestrator import RolloutCounters
 from .staleness import StalenessGate
@@ -70,6 +70,11 @@ class TrainLoop:
         "trainer", "publish", "checkpoint" or "done"."""
         self.step_started: float | None = None
         """When the running train step began (event loop clock); None between steps."""
+
+    def end_early(self) -> None:
+        """Take the step under way (or the next one, between steps), then end (a learned task
+        with `stop_when_learned`)."""
+        self.steps = min(self.steps, self.policy.version + 1)
 
     async def run(self) -> None:
         try:
@@ -129,9 +134,9 @@ class TrainLoop:
             self._release(groups)
             if self.barrier is not None:
                 self.barrier.advanced()
-            row = self._row(version, groups, {**metrics, **transfer}, t_wait, t_step,
-                            tokens_during, batch)
-            self.recorder.add_row(row)
+            row, samples = self._row(version, groups, {**metrics, **transfer}, t_wait, t_step,
+                                     tokens_during, batch)
+            self.recorder.add_row(row, samples=samples)
             return row
 
         if policy.overlaps_next_step and self.barrier is None:
@@ -237,13 +242,17 @@ class TrainLoop:
             self.gate.release({self.policy.name: len(groups)})
 
     def _row(self, version: int, groups: list[Group], metrics: Mapping[str, Any], t_wait: float,
-             t_step: float, tokens_during: int, batch: Batch) -> dict[str, Any]:
+             t_step: float, tokens_during: int, batch: Batch
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The step's metrics row, and the names of the samples it accounts for (the run
+        folder's samples.jsonl; the row has their counts)."""
         now = anyio.current_time()
         staleness = [version - g.min_version(self.policy.name) for g in groups]
         versions = batch.versions_B_T[batch.loss_mask_B_T > 0]
         rewards = self.counters.take_rewards(self.policy.name)
         c = self.counters
         epoch = {} if c.epoch is None else {"epoch": c.epoch}
+        accounted, samples = c.samples.take(self.policy.name, [g.key for g in groups])
         return {
             "policy": self.policy.name,
             "step": version,
@@ -269,13 +278,17 @@ class TrainLoop:
             "rollout_tokens_during_step": tokens_during,
             # since this policy's last step: truncated episodes and count/<name> sums
             **c.take_episode_facts(self.policy.name),
-            # the samples this row accounts for: trained in this step, dropped since the last
-            **c.samples.take(self.policy.name, [g.key for g in groups]),
+            # how many samples this row accounts for: trained in this step, dropped since the
+            # last (their names go to samples.jsonl)
+            **accounted,
+            # how the policy's groups tied since its last step, and the filter's budget
+            **c.take_sampling(self.policy.name),
+            "tied_trained": sum(not has_signal_for(g, self.policy.name) for g in groups),
             **epoch,
             "wait_seconds": t_step - t_wait,
             "step_seconds": now - t_step,
             **metrics,
-        }
+        }, samples
 
 
 def _pad_id(policy: PolicyHandle) -> int:

@@ -3,8 +3,10 @@
 Each worker loops: pick an environment (by the sampling weights of the wired environments), wait
 for admission of its policies, take its next sample, play `group_size` episodes of it
 concurrently, then hand the group to the buffer of every policy that played in it. A group whose
-rewards are all equal for every policy that filters (dynamic sampling) is dropped here, and so are
-failed episodes; a failed episode is still recorded.
+rewards are all equal for every policy that filters (dynamic sampling) is dropped here, up to a
+budget per step (see `sampling`: past it, tied groups are trained), and so are failed episodes;
+a failed episode is still recorded. Tied groups are also where a learned task shows: a "learned"
+event is recorded here.
 
 A run that cannot get anywhere stops with an error that says why, instead of spinning forever:
 every episode keeps failing (`EpisodesKeepFailing`); episodes keep ending before their policy
@@ -21,7 +23,7 @@ import functools
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,7 @@ from ._tasks import run_all
 from .batcher import group_rewards, has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .ledger import SampleLedger, sample_id
+from .sampling import Ties, learned_message
 from .staleness import StalenessGate
 
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing", "play_heldout"]
@@ -63,6 +66,26 @@ class RolloutCounters:
     """Largest `sample["_epoch"]` among played samples (None: samples carry no epoch)."""
     samples: SampleLedger = field(default_factory=SampleLedger)
     """Every drawn sample not yet accounted for by a row, and what the next rows report."""
+    groups_since_step: dict[str, int] = field(default_factory=dict)
+    """Per policy: its groups played since its last step (kept or dropped)."""
+    tied_since_step: dict[str, int] = field(default_factory=dict)
+    """Per policy: of those, the ones whose rewards all tied."""
+    filtered_since_step: dict[str, int] = field(default_factory=dict)
+    """Per policy: groups dropped by filter_groups since its last step (the budget's count)."""
+    budget_hit: set[str] = field(default_factory=set)
+    """Policies whose filter budget was reached since their last step."""
+
+    def take_sampling(self, policy: str) -> dict[str, Any]:
+        """How `policy`'s groups tied since its last call (forgotten): `groups_played`,
+        `groups_tied`, `tied_fraction` (NaN when none was played) and `filter_budget_hit`."""
+        played = self.groups_since_step.pop(policy, 0)
+        tied = self.tied_since_step.pop(policy, 0)
+        self.filtered_since_step.pop(policy, None)
+        hit = policy in self.budget_hit
+        self.budget_hit.discard(policy)
+        return {"groups_played": played, "groups_tied": tied,
+                "tied_fraction": tied / played if played else float("nan"),
+                "filter_budget_hit": hit}
 
     def take_rewards(self, policy: str) -> list[float]:
         """`policy`'s own-role rewards of the episodes finished since its last call (forgotten)."""
@@ -161,6 +184,10 @@ class Orchestrator:
         max_consecutive_failures: stop the run after this many failed episodes in a row, or
             this many in a row of one environment that sampled no token.
         remote: rollout services that play the episodes instead of this process.
+        filter_budget: groups a policy may drop by filter_groups between two of its steps
+            before its tied groups are trained (`sampling.filter_budget`; None: no bound).
+        learned_after: tied groups in a row at the best reward that make a "learned" event.
+        on_learned: called with a policy's name when its "learned" event is recorded.
     """
 
     def __init__(
@@ -174,6 +201,9 @@ class Orchestrator:
         seed: int = 0,
         max_consecutive_failures: int = 64,
         remote: RemoteEpisodes | None = None,
+        filter_budget: int | None = None,
+        learned_after: int = 64,
+        on_learned: Callable[[str], None] | None = None,
     ):
         self.sources = [sources] if isinstance(sources, Source) else list(sources)
         self.buffers = buffers
@@ -195,6 +225,13 @@ class Orchestrator:
         self.filtered: dict[str, tuple[int, frozenset[float]]] = {}
         """Per policy: (groups dropped by filter_groups in a row, the distinct rewards they
         earned); forgotten when one of its groups is kept."""
+        self.ties: dict[str, Ties] = {name: Ties() for name in self._policies}
+        """Per policy: its tied groups in a row, best reward, whether a signal has come."""
+        self.filter_budget = filter_budget
+        self.learned_after = learned_after
+        self.on_learned = on_learned
+        self.started = 0.0
+        """When the run started, on the event loop's clock (set by `Dataflow.run`)."""
 
     def position(self) -> dict[str, Any]:
         """Where the sample streams and the environment choice stand (JSON), for a checkpoint:
@@ -355,6 +392,7 @@ class Orchestrator:
         names = tuple(source.policies)
         release = {}
         for name in names:
+            self._count_ties(group, name)
             reason = self._drop_reason(group, name)
             if reason is None:
                 self.buffers[name].put(group)
@@ -369,6 +407,8 @@ class Orchestrator:
             if reason == "filtered":  # one more in a row (the watchdog reads it)
                 n, seen = self.filtered.get(name, (0, frozenset()))
                 self.filtered[name] = (n + 1, seen | set(group_rewards(group, name)))
+                since = self.counters.filtered_since_step
+                since[name] = since.get(name, 0) + 1
         if len(release) == len(names):
             self.counters.filtered_groups += 1
         if release:
@@ -381,9 +421,41 @@ class Orchestrator:
             return "retired"
         if name not in group.policies:
             return "unused" if group.trajectories else "failed"
-        if self._policies[name].algorithm.filter_groups and not has_signal_for(group, name):
+        if (self._policies[name].algorithm.filter_groups and not has_signal_for(group, name)
+                and not self._over_budget(name)):
             return "filtered"
         return None if _enough(group, name) else "failed"
+
+    def _over_budget(self, name: str) -> bool:
+        """Whether `name` has dropped its budget of tied groups for this step (from its first
+        group with a signal on: see `sampling`); its tied groups are then trained."""
+        budget, c = self.filter_budget, self.counters
+        if budget is None or not self.ties[name].signal:
+            return False
+        if c.filtered_since_step.get(name, 0) < budget:
+            return False
+        c.budget_hit.add(name)
+        return True
+
+    def _count_ties(self, group: Group, name: str) -> None:
+        """Count `group` towards `name`'s tied groups; record "learned" when they show it."""
+        if name not in group.policies or name in self.gate.retired:
+            return
+        c = self.counters
+        c.groups_since_step[name] = c.groups_since_step.get(name, 0) + 1
+        ties = self.ties[name]
+        if ties.add(group_rewards(group, name)):
+            c.tied_since_step[name] = c.tied_since_step.get(name, 0) + 1
+        reward = ties.learned(self.learned_after)
+        if reward is None:
+            return
+        policy = self._policies[name]
+        self.recorder.add_event("learned", {
+            "time": anyio.current_time() - self.started, "policy": name, "step": policy.version,
+            "groups": ties.streak, "reward": reward,
+            "message": learned_message(name, ties.streak, reward)})
+        if self.on_learned is not None:
+            self.on_learned(name)
 
 
 def _no_tokens_why(traj: Trajectory) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View"]
 
 PANELS: tuple[tuple[str, str, str], ...] = (
-    ("reward", "reward (own role)", "step"),
+    ("reward", "reward (own role), tied groups dotted", "step"),
     ("staleness", "staleness (mean, max dotted)", "step"),
     ("staleness_dist", "staleness of trained groups", "versions behind"),
     ("transfer", "weights sent (MB)", "version"),
@@ -93,6 +93,8 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
     for p in policies:
         steps = [r["step"] for r in mine[p]]
         add("reward", p, steps, _col(mine[p], "reward"), p, legend=True)
+        # the share of the policy's groups since its last step whose rewards all tied
+        add("reward", f"{p} tied", steps, _col(mine[p], "tied_fraction"), p, dash="dot")
         add("staleness", f"{p} mean", steps, _col(mine[p], "staleness_mean"), p)
         add("staleness", f"{p} max", steps, _col(mine[p], "staleness_max"), p, dash="dot")
     rewards = [r for r in _col(rows, "reward") if isinstance(r, (int, float)) and r == r]
@@ -155,10 +157,11 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
 
 def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequence[str],
                 steps: int, error: BaseException | None = None,
-                evaluation: Mapping[str, Any] | None = None, stalled: str | None = None) -> str:
+                evaluation: Mapping[str, Any] | None = None, stalled: str | None = None,
+                learned: Sequence[str] = ()) -> str:
     """One line: state, steps, each policy's version, time, last reward, worst staleness, the
-    last held-out evaluation window's scores when there is one, and why the run is stalled
-    when it is (`run.stalled`)."""
+    last held-out evaluation window's scores when there is one, why the run is stalled
+    when it is (`run.stalled`), and the policies whose task is learned (`run.learned`)."""
     done = len(rows)
     parts = [state, f"{done}/{steps * len(policies)} steps"]
     last = {r["policy"]: r for r in rows}
@@ -178,6 +181,8 @@ def status_line(state: str, rows: Sequence[Mapping[str, Any]], policies: Sequenc
         parts.append(f"held-out v{evaluation['version']}: " + ", ".join(scores))
     if stalled is not None:
         parts.append(f"stalled: {stalled}")
+    if learned:
+        parts.append("learned: " + ", ".join(learned))
     if error is not None:
         parts.append(f"error: {type(error).__name__}: {error}")
     return " · ".join(parts)
@@ -382,7 +387,8 @@ class View:
         run = self.run
         windows = run.evaluation_rows if run.heldout is not None else []
         return status_line(run.status, run.rows, run.policies, run.config.steps,
-                           run.error, windows[-1] if windows else None, run.stalled)
+                           run.error, windows[-1] if windows else None, run.stalled,
+                           list(run.learned))
 
     def png(self) -> bytes:
         """The panels now, drawn as a PNG."""

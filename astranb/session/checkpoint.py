@@ -60,6 +60,8 @@ from .folder import (  # the write errors live with the writing; re-exported her
     METRICS_FILE,
     PLAN_FILE,
     RNG_FILE,
+    SAMPLES_DISCARDED_FILE,
+    SAMPLES_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
     CheckpointError,
@@ -302,9 +304,16 @@ def set_aside_rows(directory: Path, versions: Mapping[str, int]) -> list[dict[st
 
     Rows of later steps (trained by the process that died, after its last checkpoint) are
     appended to metrics.discarded.jsonl, nothing is deleted. Returns the rows kept. A torn last
-    line (the process died mid-write) is set aside too.
+    line (the process died mid-write) is set aside too. samples.jsonl's lines go the same way
+    (to samples.discarded.jsonl).
     """
-    path = directory / METRICS_FILE
+    _set_aside(directory / SAMPLES_FILE, directory / SAMPLES_DISCARDED_FILE, versions)
+    return _set_aside(directory / METRICS_FILE, directory / METRICS_DISCARDED_FILE, versions)
+
+
+def _set_aside(path: Path, discarded: Path, versions: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Move the lines of `path` whose (policy, step) is at or past that policy's version in
+    `versions`, and torn ones, to the end of `discarded`; return the lines kept."""
     kept: list[dict[str, Any]] = []
     dropped: list[str] = []
     for line, row in jsonl_lines(path):
@@ -315,7 +324,6 @@ def set_aside_rows(directory: Path, versions: Mapping[str, int]) -> list[dict[st
         else:
             dropped.append(line)
     if dropped:
-        append_synced(directory / METRICS_DISCARDED_FILE,
-                      "".join(line + "\n" for line in dropped).encode("utf-8"))
+        append_synced(discarded, "".join(line + "\n" for line in dropped).encode("utf-8"))
         atomic_write_text(path, "".join(json_line(r) + "\n" for r in kept))
     return kept

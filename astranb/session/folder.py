@@ -7,6 +7,8 @@ that reads and writes them.
       run-000/                      one folder per run, numbered on (`next_run_folder`)
         run.json                    what the run was asked for and how it ended (report.py)
         metrics.jsonl               one row per (policy, step) (recorder.py)
+        samples.jsonl               per row, the names of the samples it accounts for
+                                    (runs of positions: dataflow/ledger.py)
         events.jsonl                rollbacks, "evaluation" windows, "resumed", "stalled", ...
         episodes.jsonl.zst          the kept episodes, one zstd frame per row (episodes.py)
         episodes.index              where each frame starts
@@ -14,6 +16,7 @@ that reads and writes them.
         checkpoints/<policy>/step-000005/
           manifest.json state.json rng.safetensors and the trainer's own files
         metrics.discarded.jsonl     rows of steps a resumed run trains again
+        samples.discarded.jsonl     their lines of samples.jsonl
         episodes.discarded.jsonl.zst  episodes a resumed run plays again
         status.json                 how a run ended, in folders of an older astranb (read only)
       run-001/ ...
@@ -43,6 +46,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..dataflow.ledger import expand
 from ..errors import AstranbError, FolderNotWritable
 from ..types import jsonable
 
@@ -50,7 +54,7 @@ __all__ = [
     "CHECKPOINTS_DIR", "EPISODES_DISCARDED_FILE", "EPISODES_FILE", "EPISODES_INDEX_FILE",
     "EVALUATION", "EVENTS_FILE", "LOCK_FILE", "MANIFEST_FILE", "METRICS_DISCARDED_FILE",
     "METRICS_FILE", "NAMES", "PLAN_FILE", "POINT_FILE", "PREFIXES", "RNG_FILE", "RUN_FILE",
-    "STATE_FILE", "STATUS_FILE", "WEIGHTS_FILE",
+    "SAMPLES_DISCARDED_FILE", "SAMPLES_FILE", "STATE_FILE", "STATUS_FILE", "WEIGHTS_FILE",
     "CheckpointError", "CheckpointWriteError", "FolderLock", "FolderLocked", "RecordWriteError",
     "RunFiles", "append_synced", "atomic_write_bytes", "atomic_write_text", "checkpoint_folder",
     "checkpoint_folders", "checkpoints_of", "evaluation_windows", "fsync_dir", "fsync_file",
@@ -70,6 +74,8 @@ EPISODES_INDEX_FILE = "episodes.index"
 PLAN_FILE = "plan.json"
 CHECKPOINTS_DIR = "checkpoints"
 METRICS_DISCARDED_FILE = "metrics.discarded.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+SAMPLES_DISCARDED_FILE = "samples.discarded.jsonl"
 EPISODES_DISCARDED_FILE = "episodes.discarded.jsonl.zst"
 STATUS_FILE = "status.json"
 POINT_FILE = "point.json"
@@ -82,7 +88,8 @@ spells it itself, being below this layer), read here to hash the weights."""
 
 NAMES = (LOCK_FILE, RUN_FILE, METRICS_FILE, EVENTS_FILE, EPISODES_FILE, EPISODES_INDEX_FILE,
          PLAN_FILE, CHECKPOINTS_DIR, METRICS_DISCARDED_FILE, EPISODES_DISCARDED_FILE,
-         STATUS_FILE, POINT_FILE, MANIFEST_FILE, STATE_FILE, RNG_FILE)
+         STATUS_FILE, POINT_FILE, MANIFEST_FILE, STATE_FILE, RNG_FILE, SAMPLES_FILE,
+         SAMPLES_DISCARDED_FILE)
 """Names only this module spells (tests/test_folder.py checks the package for them)."""
 
 _RUN, _STEP, _TRAINER_LOG, _UNFINISHED = "run-", "step-", "trainer-", ".tmp-"
@@ -320,7 +327,7 @@ def status_of(info: Mapping[str, Any], host: str | None = None) -> str:
 
 class RunFiles:
     """What a run folder says of itself, each file read when first asked for (listing many runs
-    reads only their run.json): `info` (run.json), `rows` (metrics.jsonl), `events`,
+    reads only their run.json): `info` (run.json), `rows` (metrics.jsonl), `samples`, `events`,
     `evaluations`, `status` and `error`. What `ab.open_run` and `ab.runs` read."""
 
     def __init__(self, path: str | Path):
@@ -340,6 +347,16 @@ class RunFiles:
     def rows(self) -> list[dict[str, Any]]:
         """The metrics rows (a torn last line left out)."""
         return read_jsonl(self.path / METRICS_FILE)
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """Per metrics row, the samples it accounts for, by name: {"policy", "step",
+        "trained": [names], "dropped": {reason: [names]}} (samples.jsonl, expanded)."""
+        return [{"policy": line.get("policy"), "step": line.get("step"),
+                 "trained": expand(line.get("trained") or {}),
+                 "dropped": {reason: expand(runs)
+                             for reason, runs in (line.get("dropped") or {}).items()}}
+                for line in read_jsonl(self.path / SAMPLES_FILE)]
 
     @functools.cached_property
     def events(self) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from .folder import (
     EPISODES_FILE,
     EVENTS_FILE,
     METRICS_FILE,
+    SAMPLES_FILE,
     RecordWriteError,
     evaluation_windows,
     json_line,
@@ -355,6 +356,7 @@ class Recorder:
         except OSError as error:  # before the run starts: say so, and what to do
             raise FolderNotWritable(directory, getattr(error, "error", error)) from None
         self._metrics_file = open(directory / METRICS_FILE, "a", encoding="utf-8")
+        self._samples_file = open(directory / SAMPLES_FILE, "a", encoding="utf-8")
         self._source = _FrameSource(self._writer.table, FrameReader(self._writer.data_path),
                                     self._in_memory, self._attach)
         self._kept: deque[Episode] = deque(maxlen=recent)  # the last kept, newest last
@@ -363,11 +365,18 @@ class Recorder:
         self._context: dict[str, tuple[Environment | None, Mapping[str, Any]]] = {}
 
     # -- writing (event loop) ------------------------------------------------------------------
-    def add_row(self, row: Mapping[str, Any]) -> None:
+    def add_row(self, row: Mapping[str, Any], *, samples: Mapping[str, Any] | None = None
+                ) -> None:
+        """Record a metrics row; `samples` (the names of the samples it accounts for) goes to
+        samples.jsonl first, so a row on disk always has its names there too."""
         row = dict(row)
         with self._lock, self._writing(self.directory / METRICS_FILE):
             self._rows.append(row)
             self._write_kept()  # every kept episode that led up to this row is on disk
+            if samples is not None:
+                line = {"policy": row.get("policy"), "step": row.get("step"), **samples}
+                self._samples_file.write(json_line(line) + "\n")
+                self._samples_file.flush()
             self._metrics_file.write(json_line(row) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
@@ -424,9 +433,10 @@ class Recorder:
             if not self._writer.closed:
                 self._write_kept()  # the last pool: what finished after the last row
                 self._writer.close()
-            if not self._metrics_file.closed:
-                self._metrics_file.flush()
-                self._metrics_file.close()
+            for file in (self._samples_file, self._metrics_file):
+                if not file.closed:
+                    file.flush()
+                    file.close()
 
     @contextlib.contextmanager
     def _writing(self, path: Path) -> Iterator[None]:

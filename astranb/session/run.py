@@ -92,6 +92,12 @@ class Run:
         return message
 
     @property
+    def learned(self) -> dict[str, str]:
+        """Policy -> the message of its "learned" event (its last groups all tied at its best
+        reward: the task is learned at this difficulty), for the policies that had one."""
+        return {e["policy"]: e["message"] for e in self.events if e.get("kind") == "learned"}
+
+    @property
     def done(self) -> bool:
         """Whether the run has ended (finished, stopped or failed)."""
         return self._future.done()
@@ -170,7 +176,8 @@ class Run:
         """Things that happened outside the step rhythm, each a dict with its "kind": a
         trainer "rollback", a held-out "evaluation" window, "resumed", "stalled" (the run
         stopped moving: "reason", "policies", "waiting_for" and a "message" saying what to
-        do; see `run.stalled`)."""
+        do; see `run.stalled`), "learned" (a policy's last groups all tied at its best reward:
+        "policy", "step", "groups", "reward", "message"; see `run.learned`)."""
         return self._recorder.events
 
     @property
@@ -487,6 +494,7 @@ class _Progress:
     def __init__(self, run: Run, enabled: bool):
         self.run, self.enabled, self.bar = run, enabled, None
         self._said: str | None = None
+        self._learned: set[str] = set()
 
     def _say_stalled(self) -> None:
         """Print why the run is stalled, once per stall, in the waiting cell (with or
@@ -498,6 +506,15 @@ class _Progress:
             tqdm.write(f"astranb: the run is stalled: {stalled}", file=sys.stderr)
         self._said = stalled
 
+    def _say_learned(self) -> None:
+        """Print each "learned" event once in the waiting cell."""
+        for policy, message in self.run.learned.items():
+            if policy not in self._learned:
+                from tqdm.auto import tqdm
+
+                tqdm.write(f"astranb: {message}", file=sys.stderr)
+                self._learned.add(policy)
+
     def __enter__(self) -> _Progress:
         if self.enabled:
             from tqdm.auto import tqdm
@@ -508,6 +525,7 @@ class _Progress:
 
     def update(self) -> None:
         self._say_stalled()
+        self._say_learned()
         if self.bar is None:
             return
         done, _ = self.run.progress

@@ -29,6 +29,7 @@ from .. import environments
 from ..algorithms import GRPO, Algorithm
 from ..algorithms.config import algorithm_to_dict
 from ..dataflow.config import RunConfig
+from ..dataflow.sampling import DEFAULT_MAX_GEN_BATCHES
 from ..dataflow.stall import STALL_SECONDS
 from ..engines import HFEngine
 from ..environments.base import Environment
@@ -344,6 +345,8 @@ class Session:
         loggers: Sequence[Tracker | str] = (),
         autoscale: Autoscaler | None = None,
         stall_seconds: float = STALL_SECONDS,
+        max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES,
+        stop_when_learned: bool = False,
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -394,13 +397,23 @@ class Session:
             stall_seconds: when no step is published and no group reaches a buffer for this
                 long, the run records a "stalled" event saying what it waits for, shown by
                 `run.status` ("stalled"), `run.stalled`, the dashboard and the waiting cell.
+            max_gen_batches: dynamic sampling's bound: the rollouts play at most about this
+                many batches' worth of groups for one step. Groups whose rewards all tie are
+                dropped by `filter_groups` until `(max_gen_batches - 1) * batch_size /
+                group_size` of them were dropped since the policy's last step; past that, tied
+                groups are trained (their advantages are 0; they add only the entropy bonus
+                and dilute the token mean) and the row says `filter_budget_hit`. None: no
+                bound (a run whose task is learned then plays ever more episodes per step).
+            stop_when_learned: end a policy's training at its "learned" event: the last
+                max(64, 4 * batch_size / group_size) groups all tied at its best reward. The
+                event is recorded either way (`run.learned`, the dashboard, the waiting cell).
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         self._context.check_open()
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode,
-                           stall_seconds)
+                           stall_seconds, max_gen_batches, stop_when_learned)
         if autoscale is not None and self._context.pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")

@@ -1,0 +1,174 @@
+"""Runs whose task gets learned: does the run keep its pace once nearly every group ties?
+
+    .venv/bin/python bench/learned.py                   # both runs, defaults: ~4 min on 2 cores
+    .venv/bin/python bench/learned.py --only largest    # the largest-digit run alone
+    .venv/bin/python bench/learned.py --cap 300         # stop a run after 300 s (a crawl)
+
+Two runs with astranb's defaults, one after the other in one process:
+
+    largest     `LargestDigit`: "max(a,b,c)=" -> the largest of three digits, one token, with
+                `ab.models.tiny()`, GRPO(entropy_coef=0.05), AdamW lr 1e-3, batch 128, groups of
+                8, max_staleness 2, 300 steps. The tiny model learns it (reward ~0.99 by step
+                200), after which nearly every group's rewards tie: dynamic sampling
+                (`filter_groups`) drops such groups, and without a bound the rollouts play ever
+                more episodes to fill one batch.
+    quickstart  notebooks/01_quickstart.ipynb's run (arithmetic, 600 steps, the same settings),
+                then its held-out evaluation (512 episodes).
+
+Reported per run: wall seconds of the first and the second half of the steps (largest) or
+steps/s over the first half and the last 10% (quickstart), groups dropped by filter_groups,
+episodes played, the reward over the last 10% of steps, the largest metrics row in bytes, and
+the "learned" events. Prints a markdown section for bench/RESULTS.md and writes
+results/learned.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import astranb as ab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LargestDigit(ab.Environment):
+    """Say the largest of three digits: "max(3,8,1)=" -> "8"; reward 1 for exactly that digit."""
+
+    roles = ("solver",)
+    sampling = ab.SamplingParams(max_new_tokens=1)
+
+    def samples(self, seed: int = 0):
+        rng = random.Random(seed)
+        while True:
+            a, b, c = (rng.randrange(10) for _ in range(3))
+            yield {"prompt": f"max({a},{b},{c})=", "answer": str(max(a, b, c))}
+
+    async def episode(self, ctx, sample):
+        out = await ctx.generate("solver", sample["prompt"])
+        return 1.0 if out.text.startswith(sample["answer"]) else 0.0
+
+
+def train(env: ab.Environment, steps: int, cap: float, workdir: Path) -> dict[str, Any]:
+    """One run with the README's settings; stopped at `cap` wall seconds if it gets that far."""
+    with ab.Session(workdir) as session:
+        policy = session.policy("solver", model=ab.models.tiny(),
+                                algorithm=ab.GRPO(entropy_coef=0.05),
+                                optimizer=ab.AdamWConfig(lr=1e-3))
+        session.wire(env, solver=policy)
+        started = time.monotonic()
+        run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2)
+        while not run.done and time.monotonic() - started < cap:
+            time.sleep(0.5)
+        capped = not run.done
+        run.stop()
+        run.wait(progress=False)
+        wall = time.monotonic() - started
+        rows = run.rows
+        sizes = [len(line) for line in (run.directory / "metrics.jsonl").read_bytes()
+                 .splitlines()]
+        events = [e for e in run.events if e["kind"] == "learned"]
+        evaluation = (session.evaluate(n=512)["solver"]
+                      if env.name == "Arithmetic" else None)
+    return {"rows": rows, "capped": capped, "wall": wall, "row_bytes_max": max(sizes, default=0),
+            "learned": events, "final_eval": evaluation}
+
+
+def _times(rows: list[dict[str, Any]]) -> list[float]:
+    return [float(r["time"]) for r in rows]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def largest(cap: float, workdir: Path) -> dict[str, Any]:
+    out = train(LargestDigit(), 300, cap, workdir / "largest")
+    rows, t = out["rows"], _times(out["rows"])
+    half = len(rows) // 2
+    first = t[half - 1] if half else float("nan")
+    return {"steps": len(rows), "capped": out["capped"], "first_half_s": first,
+            "second_half_s": t[-1] - first if rows else float("nan"),
+            "filtered_groups": rows[-1]["filtered_groups"] if rows else 0,
+            "episodes": rows[-1]["episodes"] if rows else 0,
+            "reward_last10": _mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]),
+            "row_bytes_max": out["row_bytes_max"],
+            "learned_at_step": [e.get("step") for e in out["learned"]]}
+
+
+def quickstart(cap: float, workdir: Path) -> dict[str, Any]:
+    env = ab.environments.load("arithmetic")
+    out = train(env, 600, cap, workdir / "quickstart")
+    rows, t = out["rows"], _times(out["rows"])
+    n = len(rows)
+    half, tail = n // 2, max(1, n // 10)
+    first_rate = half / t[half - 1] if half else float("nan")
+    last_rate = tail / (t[-1] - t[n - tail - 1]) if n > tail else float("nan")
+    return {"steps": n, "capped": out["capped"], "train_s": t[-1] if t else float("nan"),
+            "steps_per_s_first_half": first_rate, "steps_per_s_last10": last_rate,
+            "ratio": last_rate / first_rate,
+            "filtered_groups": rows[-1]["filtered_groups"] if rows else 0,
+            "reward_last10": _mean([r["reward"] for r in rows[-tail:]]),
+            "final_eval": out["final_eval"], "row_bytes_max": out["row_bytes_max"],
+            "learned_at_step": [e.get("step") for e in out["learned"]]}
+
+
+def report(results: dict[str, Any], load: tuple[float, ...]) -> str:
+    lines = [f"## Runs whose task gets learned (bench/learned.py, {date.today()})", "",
+             "```", ".venv/bin/python bench/learned.py", "```", "",
+             f"2 cores, load average at the start {load[0]:.2f}.", ""]
+    if "largest" in results:
+        r = results["largest"]
+        lines += ["| largest digit (300 steps) | value |", "|---|---:|",
+                  f"| steps done{' (capped)' if r['capped'] else ''} | {r['steps']} |",
+                  f"| wall s, first half of the steps | {r['first_half_s']:.1f} |",
+                  f"| wall s, second half | {r['second_half_s']:.1f} |",
+                  f"| second / first | {r['second_half_s'] / r['first_half_s']:.2f} |",
+                  f"| groups dropped by filter_groups | {r['filtered_groups']:,} |",
+                  f"| episodes played | {r['episodes']:,} |",
+                  f"| reward, last 10% of steps | {r['reward_last10']:.3f} |",
+                  f"| largest metrics row, bytes | {r['row_bytes_max']:,} |",
+                  f"| \"learned\" events at steps | {r['learned_at_step']} |", ""]
+    if "quickstart" in results:
+        r = results["quickstart"]
+        lines += ["| quickstart (600 steps) | value |", "|---|---:|",
+                  f"| steps done{' (capped)' if r['capped'] else ''} | {r['steps']} |",
+                  f"| training s | {r['train_s']:.1f} |",
+                  f"| steps/s, first half | {r['steps_per_s_first_half']:.2f} |",
+                  f"| steps/s, last 10% | {r['steps_per_s_last10']:.2f} |",
+                  f"| last 10% / first half | {r['ratio']:.2f} |",
+                  f"| groups dropped by filter_groups | {r['filtered_groups']:,} |",
+                  f"| reward, last 10% of steps | {r['reward_last10']:.3f} |",
+                  f"| held-out evaluation (512) | {r['final_eval']:.3f} |",
+                  f"| largest metrics row, bytes | {r['row_bytes_max']:,} |",
+                  f"| \"learned\" events at steps | {r['learned_at_step']} |", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=("largest", "quickstart"), default=None)
+    parser.add_argument("--cap", type=float, default=900.0, help="wall seconds per run at most")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "learned.json")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="astranb-learned-") as tmp:
+        for name, bench in (("largest", largest), ("quickstart", quickstart)):
+            if args.only in (None, name):
+                results[name] = bench(args.cap, Path(tmp))
+                print(name, json.dumps(results[name]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(report(results, load))
+
+
+if __name__ == "__main__":
+    main()
