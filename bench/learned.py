@@ -1,8 +1,10 @@
 """Runs whose task gets learned: does the run keep its pace once nearly every group ties?
 
-    .venv/bin/python bench/learned.py                   # both runs, defaults: ~4 min on 2 cores
+    .venv/bin/python bench/learned.py                   # both runs, defaults: ~2 min on 2 cores
+    .venv/bin/python bench/learned.py --seeds 3         # three of each, seeds 0, 1, 2
     .venv/bin/python bench/learned.py --only largest    # the largest-digit run alone
     .venv/bin/python bench/learned.py --cap 300         # stop a run after 300 s (a crawl)
+    .venv/bin/python bench/learned.py --max-gen-batches 0   # the unbounded filter (before)
 
 Two runs with astranb's defaults, one after the other in one process:
 
@@ -56,15 +58,21 @@ class LargestDigit(ab.Environment):
         return 1.0 if out.text.startswith(sample["answer"]) else 0.0
 
 
-def train(env: ab.Environment, steps: int, cap: float, workdir: Path) -> dict[str, Any]:
+TRAIN_KW: dict[str, Any] = {}
+"""Extra `session.train` arguments (--max-gen-batches; none: astranb's defaults)."""
+
+
+def train(env: ab.Environment, steps: int, cap: float, workdir: Path,
+          seed: int) -> dict[str, Any]:
     """One run with the README's settings; stopped at `cap` wall seconds if it gets that far."""
     with ab.Session(workdir) as session:
         policy = session.policy("solver", model=ab.models.tiny(),
                                 algorithm=ab.GRPO(entropy_coef=0.05),
-                                optimizer=ab.AdamWConfig(lr=1e-3))
+                                optimizer=ab.AdamWConfig(lr=1e-3), seed=seed)
         session.wire(env, solver=policy)
         started = time.monotonic()
-        run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2)
+        run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2,
+                            seed=seed, **TRAIN_KW)
         while not run.done and time.monotonic() - started < cap:
             time.sleep(0.5)
         capped = not run.done
@@ -89,8 +97,8 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def largest(cap: float, workdir: Path) -> dict[str, Any]:
-    out = train(LargestDigit(), 300, cap, workdir / "largest")
+def largest(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
+    out = train(LargestDigit(), 300, cap, workdir / f"largest-{seed}", seed)
     rows, t = out["rows"], _times(out["rows"])
     half = len(rows) // 2
     first = t[half - 1] if half else float("nan")
@@ -103,9 +111,9 @@ def largest(cap: float, workdir: Path) -> dict[str, Any]:
             "learned_at_step": [e.get("step") for e in out["learned"]]}
 
 
-def quickstart(cap: float, workdir: Path) -> dict[str, Any]:
+def quickstart(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
     env = ab.environments.load("arithmetic")
-    out = train(env, 600, cap, workdir / "quickstart")
+    out = train(env, 600, cap, workdir / f"quickstart-{seed}", seed)
     rows, t = out["rows"], _times(out["rows"])
     n = len(rows)
     half, tail = n // 2, max(1, n // 10)
@@ -120,35 +128,50 @@ def quickstart(cap: float, workdir: Path) -> dict[str, Any]:
             "learned_at_step": [e.get("step") for e in out["learned"]]}
 
 
-def report(results: dict[str, Any], load: tuple[float, ...]) -> str:
+def report(results: dict[str, list[dict[str, Any]]], load: tuple[float, ...]) -> str:
+    """A markdown section: one column per seed."""
+    seeds = len(next(iter(results.values())))
+    head = "| {} | " + " | ".join(f"seed {i}" for i in range(seeds)) + " |"
+    rule = "|---|" + "---:|" * seeds
     lines = [f"## Runs whose task gets learned (bench/learned.py, {date.today()})", "",
-             "```", ".venv/bin/python bench/learned.py", "```", "",
+             "```", f".venv/bin/python bench/learned.py --seeds {seeds}", "```", "",
              f"2 cores, load average at the start {load[0]:.2f}.", ""]
+
+    def row(name: str, runs: list[dict[str, Any]], value) -> str:
+        return f"| {name} | " + " | ".join(value(r) for r in runs) + " |"
+
     if "largest" in results:
-        r = results["largest"]
-        lines += ["| largest digit (300 steps) | value |", "|---|---:|",
-                  f"| steps done{' (capped)' if r['capped'] else ''} | {r['steps']} |",
-                  f"| wall s, first half of the steps | {r['first_half_s']:.1f} |",
-                  f"| wall s, second half | {r['second_half_s']:.1f} |",
-                  f"| second / first | {r['second_half_s'] / r['first_half_s']:.2f} |",
-                  f"| groups dropped by filter_groups | {r['filtered_groups']:,} |",
-                  f"| episodes played | {r['episodes']:,} |",
-                  f"| reward, last 10% of steps | {r['reward_last10']:.3f} |",
-                  f"| largest metrics row, bytes | {r['row_bytes_max']:,} |",
-                  f"| \"learned\" events at steps | {r['learned_at_step']} |", ""]
+        runs = results["largest"]
+        lines += [head.format("largest digit (300 steps)"), rule,
+                  row("steps done", runs, lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
+                  row("wall s, first half of the steps", runs,
+                      lambda r: f"{r['first_half_s']:.1f}"),
+                  row("wall s, second half", runs, lambda r: f"{r['second_half_s']:.1f}"),
+                  row("all / first half", runs,
+                      lambda r: f"{1 + r['second_half_s'] / r['first_half_s']:.2f}"),
+                  row("groups dropped by filter_groups", runs,
+                      lambda r: f"{r['filtered_groups']:,}"),
+                  row("episodes played", runs, lambda r: f"{r['episodes']:,}"),
+                  row("reward, last 10% of steps", runs, lambda r: f"{r['reward_last10']:.3f}"),
+                  row("largest metrics row, bytes", runs, lambda r: f"{r['row_bytes_max']:,}"),
+                  row("\"learned\" event at step", runs, lambda r: str(r["learned_at_step"])),
+                  ""]
     if "quickstart" in results:
-        r = results["quickstart"]
-        lines += ["| quickstart (600 steps) | value |", "|---|---:|",
-                  f"| steps done{' (capped)' if r['capped'] else ''} | {r['steps']} |",
-                  f"| training s | {r['train_s']:.1f} |",
-                  f"| steps/s, first half | {r['steps_per_s_first_half']:.2f} |",
-                  f"| steps/s, last 10% | {r['steps_per_s_last10']:.2f} |",
-                  f"| last 10% / first half | {r['ratio']:.2f} |",
-                  f"| groups dropped by filter_groups | {r['filtered_groups']:,} |",
-                  f"| reward, last 10% of steps | {r['reward_last10']:.3f} |",
-                  f"| held-out evaluation (512) | {r['final_eval']:.3f} |",
-                  f"| largest metrics row, bytes | {r['row_bytes_max']:,} |",
-                  f"| \"learned\" events at steps | {r['learned_at_step']} |", ""]
+        runs = results["quickstart"]
+        lines += [head.format("quickstart (600 steps)"), rule,
+                  row("steps done", runs, lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
+                  row("training s", runs, lambda r: f"{r['train_s']:.1f}"),
+                  row("steps/s, first half", runs,
+                      lambda r: f"{r['steps_per_s_first_half']:.2f}"),
+                  row("steps/s, last 10%", runs, lambda r: f"{r['steps_per_s_last10']:.2f}"),
+                  row("last 10% / first half", runs, lambda r: f"{r['ratio']:.2f}"),
+                  row("groups dropped by filter_groups", runs,
+                      lambda r: f"{r['filtered_groups']:,}"),
+                  row("reward, last 10% of steps", runs, lambda r: f"{r['reward_last10']:.3f}"),
+                  row("held-out evaluation (512)", runs, lambda r: f"{r['final_eval']:.3f}"),
+                  row("largest metrics row, bytes", runs, lambda r: f"{r['row_bytes_max']:,}"),
+                  row("\"learned\" event at step", runs, lambda r: str(r["learned_at_step"])),
+                  ""]
     return "\n".join(lines)
 
 
@@ -156,15 +179,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("largest", "quickstart"), default=None)
     parser.add_argument("--cap", type=float, default=900.0, help="wall seconds per run at most")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each, seeds 0, 1, ...")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "learned.json")
+    parser.add_argument("--max-gen-batches", type=int, default=None,
+                        help="train(max_gen_batches=...); default: astranb's default; 0: None")
     args = parser.parse_args()
+    if args.max_gen_batches is not None:
+        TRAIN_KW["max_gen_batches"] = args.max_gen_batches or None
     load = os.getloadavg()
-    results: dict[str, Any] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="astranb-learned-") as tmp:
         for name, bench in (("largest", largest), ("quickstart", quickstart)):
-            if args.only in (None, name):
-                results[name] = bench(args.cap, Path(tmp))
-                print(name, json.dumps(results[name]), flush=True)
+            if args.only not in (None, name):
+                continue
+            for seed in range(args.seeds):
+                results.setdefault(name, []).append(bench(args.cap, Path(tmp), seed))
+                print(name, seed, json.dumps(results[name][-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(report(results, load))

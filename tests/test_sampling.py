@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 import astranb as ab
 from astranb.dataflow.ledger import SampleLedger, compact, expand, sample_id
-from astranb.dataflow.sampling import Ties, filter_budget, learned_message, learned_streak
+from astranb.dataflow.sampling import (
+    Ties,
+    filter_budget,
+    in_batch,
+    learned_message,
+    learned_streak,
+)
 from astranb.session.folder import RunFiles
 from tests.waiting import wait_until
 
@@ -21,11 +27,18 @@ DEADLINE = 120
 
 # -- the pure parts -------------------------------------------------------------------------------
 def test_the_filter_budget_is_the_batches_past_the_first_and_none_is_no_bound():
-    # 3 batches of 16 groups a step at most: 2 batches' worth may be dropped
-    assert filter_budget(3, 16) == 32
+    # 3 batches of 16 groups a step at most: 2 batches' worth may be dropped (2: one batch)
+    assert filter_budget(3, 16) == 32 and filter_budget(2, 16) == 16
     assert filter_budget(1, 16) == 0  # no tied group is ever dropped once warm
     assert filter_budget(None, 16) is None
     assert learned_streak(2) == 64 and learned_streak(16) == 64 and learned_streak(32) == 128
+
+
+def test_a_batch_past_the_budget_trains_its_groups_with_a_signal_or_else_all():
+    assert in_batch([True, False, True, False], filters=True) == [True, False, True, False]
+    assert in_batch([False, False], filters=True) == [True, True]  # nothing else to train
+    assert in_batch([True, False], filters=False) == [True, True]  # no filter: all, as asked
+    assert in_batch([], filters=True) == []
 
 
 def test_ties_count_streaks_and_learned_needs_the_best_reward_and_a_signal_before():
@@ -35,42 +48,45 @@ def test_ties_count_streaks_and_learned_needs_the_best_reward_and_a_signal_befor
     assert ties.add([0.0, 1.0]) is False and ties.signal and ties.streak == 0
     for _ in range(3):
         assert ties.add([1.0, 1.0, 1.0])
-    assert (ties.streak, ties.values) == (3, frozenset({1.0}))
+    assert (ties.streak, ties.values) == (3, {1.0: 3})
     assert ties.learned(4) is None  # one short
     ties.add([1.0, 1.0])
-    assert ties.learned(4) == 1.0
-    assert ties.learned(4) is None  # said once per streak
+    assert ties.learned(4) == {1.0: 4}
+    assert ties.learned(4) is None  # said once
     ties.add([1.0, 1.0])
     assert ties.learned(4) is None
-    # a group with a signal ends the streak; the next long one is said again
+    # a group with a signal ends the streak; a learned task is still said only once
     ties.add([1.0, 0.0])
     for _ in range(4):
         ties.add([1.0, 1.0])
-    assert ties.learned(4) == 1.0
+    assert ties.streak == 4 and ties.learned(4) is None
     # a single scored episode counts for nothing
     assert ties.add([1.0]) is False and ties.streak == 4
 
 
-def test_ties_below_the_best_reward_or_mixed_values_are_not_learned():
+def test_ties_all_below_the_best_reward_are_not_learned_and_mixed_ones_say_how_many():
     ties = Ties()
     ties.add([0.0, 1.0])
     for _ in range(10):
-        ties.add([0.0, 0.0])  # collapsed to 0: every group ties, but not at the best
+        ties.add([0.0, 0.0])  # collapsed to 0: every group ties, none at the best
     assert ties.learned(4) is None
     mixed = Ties()
     mixed.add([0.0, 1.0])
-    for i in range(10):
-        mixed.add([1.0, 1.0] if i % 2 else [0.0, 0.0])  # some solved, some impossible
-    assert mixed.streak == 10 and mixed.values == {0.0, 1.0}
-    assert mixed.learned(4) is None
+    for i in range(10):  # some samples solved always, the others never
+        mixed.add([1.0, 1.0] if i % 3 else [0.0, 0.0])
+    assert mixed.learned(4) == {1.0: 6, 0.0: 4}  # best first
 
 
-def test_the_learned_message_names_the_policy_the_groups_the_reward_and_the_choices():
-    message = learned_message("solver", 64, 1.0)
+def test_the_learned_message_names_the_policy_the_groups_the_rewards_and_the_choices():
+    message = learned_message("solver", 64, {1.0: 64})
     assert message.startswith("solver: the last 64 groups all scored 1: the task is learned "
-                              "at this difficulty")
+                              "at this difficulty. No group carries a signal")
     for choice in ("run.stop()", "stop_when_learned=True", "harder"):
         assert choice in message
+    mixed = learned_message("solver", 64, {1.0: 60, 0.5: 1, 0.0: 3})
+    assert mixed.startswith("solver: the last 64 groups all tied, 60 at its best reward 1 and "
+                            "1 at 0.5, 3 at 0: the task is learned as far as its samples can "
+                            "teach it")
 
 
 def test_compact_runs_of_positions_by_hand():
@@ -113,7 +129,7 @@ def test_max_gen_batches_and_stop_when_learned_are_checked_with_the_fix():
         ab.RunConfig(1, 4, 2, 1, max_gen_batches=2.5)
     with pytest.raises(ValueError, match="stop_when_learned must be True or False"):
         ab.RunConfig(1, 4, 2, 1, stop_when_learned="yes")
-    assert ab.RunConfig(1, 4, 2, 1).max_gen_batches == 3
+    assert ab.RunConfig(1, 4, 2, 1).max_gen_batches == 2
 
 
 # -- a run whose task gets learned ---------------------------------------------------------------
@@ -161,18 +177,22 @@ def test_the_learned_event_is_recorded_shown_and_ends_training_when_asked(tmp_pa
         assert run.status == "finished"
         (event,) = _learned(run)
         assert event["policy"] == "solver" and event["reward"] == 1.0
-        assert event["groups"] == learned_streak(4) == 64
-        assert event["message"] == learned_message("solver", 64, 1.0)
+        assert event["groups"] == learned_streak(4) == 64 and event["tied_at"] == {"1": 64}
+        assert event["message"] == learned_message("solver", 64, {1.0: 64})
         assert run.learned == {"solver": event["message"]}
         assert f"astranb: {event['message']}" in capsys.readouterr().err  # the waiting cell
         # training ended at the event: one step after it at most, far before the 500 asked
         assert len(run.rows) <= event["step"] + 1 < 500
         rows = run.rows
-        # the bound: never more than the budget of tied groups dropped for one step ...
-        assert max(r["samples_dropped"].get("filtered", 0) for r in rows) <= filter_budget(2, 4)
-        # ... and past it the step trains tied groups, and its row says so
+        # the bound: at most the budget of tied groups dropped before a step's batch fills,
+        # plus the tied groups that filled it and were left out of it
+        assert max(r["samples_dropped"].get("filtered", 0) for r in rows) <= \
+            filter_budget(2, 4) + 4
+        # past it the step trains on what it has: here every group ties, so the tied ones
         hit = [r for r in rows if r["filter_budget_hit"]]
-        assert hit and all(r["tied_trained"] >= 1 for r in hit)
+        assert hit and any(r["tied_trained"] == 4 for r in hit)
+        assert all(r["samples_trained"] + r["samples_dropped"].get("filtered", 0) >= 4
+                   for r in hit)
         assert rows[-1]["tied_fraction"] == 1.0
         assert all(0.0 <= r["tied_fraction"] <= 1.0 for r in rows
                    if not math.isnan(r["tied_fraction"]))

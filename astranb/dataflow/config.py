@@ -35,10 +35,11 @@ class RunConfig:
     max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES
     """Batches' worth of groups the rollouts play for one step at most: past
     `(max_gen_batches - 1) x groups_per_batch` groups dropped by filter_groups since a policy's
-    last step, its tied groups are trained (see `astranb.dataflow.sampling`); None: no bound."""
+    last step, its tied groups fill its batch and the step trains what has a signal (see
+    `astranb.dataflow.sampling`); None: no bound."""
     stop_when_learned: bool = False
-    """End a policy's training at its "learned" event (its last groups all tied at its best
-    reward) instead of going on."""
+    """End a policy's training at its "learned" event (its last groups all tied, some at its
+    best reward) instead of going on."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):

@@ -24,6 +24,7 @@ from .barrier import VersionBarrier
 from .batcher import build_batch, has_signal_for
 from .buffer import Buffer, Group
 from .orchestrator import RolloutCounters
+from .sampling import in_batch
 from .staleness import StalenessGate
 
 __all__ = ["TrainLoop"]
@@ -155,13 +156,24 @@ class TrainLoop:
             self.groups_per_batch, version, self.max_staleness, on_drop=self._drop
         )
         try:
-            batch = build_batch(groups, policy.name, policy.algorithm, _pad_id(policy))
+            batch = build_batch(self._in_batch(groups), policy.name, policy.algorithm,
+                                _pad_id(policy))
             await policy.prepare(batch)
         except BaseException:  # cancelled (or failed) before training: the groups go back
             for group in groups:
                 self.buffer.put(group)
             raise
         return groups, batch
+
+    def _in_batch(self, groups: list[Group]) -> list[Group]:
+        """The popped groups the step trains: tied groups that filled the batch past the
+        filter's budget are left out when others have a signal (see `sampling.in_batch`)."""
+        return [g for g, kept in zip(groups, self._kept(groups), strict=True) if kept]
+
+    def _kept(self, groups: list[Group]) -> list[bool]:
+        name = self.policy.name
+        return in_batch([has_signal_for(g, name) for g in groups],
+                        self.policy.algorithm.filter_groups)
 
     def _collect_next(self, version: int) -> None:
         """Start collecting the batch of `version` while the current step trains.
@@ -252,7 +264,12 @@ class TrainLoop:
         rewards = self.counters.take_rewards(self.policy.name)
         c = self.counters
         epoch = {} if c.epoch is None else {"epoch": c.epoch}
-        accounted, samples = c.samples.take(self.policy.name, [g.key for g in groups])
+        kept = self._kept(groups)
+        for group, trained in zip(groups, kept, strict=True):
+            if not trained:  # popped to end the step's wait, left out of its batch
+                c.samples.dropped(self.policy.name, group.key, "filtered")
+        accounted, samples = c.samples.take(
+            self.policy.name, [g.key for g, trained in zip(groups, kept, strict=True) if trained])
         return {
             "policy": self.policy.name,
             "step": version,
@@ -283,7 +300,8 @@ class TrainLoop:
             **accounted,
             # how the policy's groups tied since its last step, and the filter's budget
             **c.take_sampling(self.policy.name),
-            "tied_trained": sum(not has_signal_for(g, self.policy.name) for g in groups),
+            "tied_trained": sum(trained and not has_signal_for(g, self.policy.name)
+                                for g, trained in zip(groups, kept, strict=True)),
             **epoch,
             "wait_seconds": t_step - t_wait,
             "step_seconds": now - t_step,

@@ -446,14 +446,15 @@ class Orchestrator:
         ties = self.ties[name]
         if ties.add(group_rewards(group, name)):
             c.tied_since_step[name] = c.tied_since_step.get(name, 0) + 1
-        reward = ties.learned(self.learned_after)
-        if reward is None:
+        tied_at = ties.learned(self.learned_after)
+        if tied_at is None:
             return
         policy = self._policies[name]
         self.recorder.add_event("learned", {
             "time": anyio.current_time() - self.started, "policy": name, "step": policy.version,
-            "groups": ties.streak, "reward": reward,
-            "message": learned_message(name, ties.streak, reward)})
+            "groups": ties.streak, "reward": max(tied_at),
+            "tied_at": {f"{value:g}": n for value, n in tied_at.items()},
+            "message": learned_message(name, ties.streak, tied_at)})
         if self.on_learned is not None:
             self.on_learned(name)
 

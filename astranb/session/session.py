@@ -401,12 +401,13 @@ class Session:
                 many batches' worth of groups for one step. Groups whose rewards all tie are
                 dropped by `filter_groups` until `(max_gen_batches - 1) * batch_size /
                 group_size` of them were dropped since the policy's last step; past that, tied
-                groups are trained (their advantages are 0; they add only the entropy bonus
-                and dilute the token mean) and the row says `filter_budget_hit`. None: no
-                bound (a run whose task is learned then plays ever more episodes per step).
+                groups fill its batch and the step trains the ones with a signal (all, when
+                none has one); the row says `filter_budget_hit`. None: no bound (a run whose
+                task is learned then plays ever more episodes per step).
             stop_when_learned: end a policy's training at its "learned" event: the last
-                max(64, 4 * batch_size / group_size) groups all tied at its best reward. The
-                event is recorded either way (`run.learned`, the dashboard, the waiting cell).
+                max(64, 4 * batch_size / group_size) groups all tied, some at its best reward.
+                The event is recorded either way (`run.learned`, the dashboard, the waiting
+                cell).
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
