@@ -10,6 +10,7 @@ service started with --allow-code runs it itself, one started without refuses it
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import anyio
@@ -34,6 +35,7 @@ from astranb.services.http import free_port
 from astranb.training.caller_loss import gradient_batch, trainer_algorithm
 from tests.fsdp_worker import SPEC, make_batch
 from tests.services import Process
+from tests.waiting import wait_until
 
 STEPS, ROWS = 5, 12
 OPTIMIZER = ab.AdamWConfig(lr=1e-2, weight_decay=0.01, grad_clip=0.5)
@@ -234,3 +236,46 @@ def test_a_service_imports_code_only_when_started_to(trainer_services):
     assert here.loss_here and not there.loss_here
     assert there.body["algorithm"] == ref
     assert max_gap(got["weights"], expected) <= 1e-6
+
+
+@pytest.mark.slow  # a session with its trainer in a child process, twice
+def test_a_session_trains_a_cell_loss_in_its_child_and_resumes_it_once_built_again(tmp_path):
+    """The Session's own path. The run's plan can name the cell's class only (it cannot be
+    imported by name), so resuming in a fresh Session asks for the policy; built again with the
+    same algorithm, the run resumes from its checkpoint and trains on."""
+
+    def build(session: ab.Session) -> None:
+        policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                                algorithm=cell_loss(), optimizer=OPTIMIZER)
+        assert type(policy.trainer).__name__ == "ProcessTrainer"
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+
+    def stop_after(run, steps: int) -> list[dict]:
+        wait_until(lambda: len(run.rows) >= steps, 120, f"{steps} steps")
+        run.stop()
+        wait_until(lambda: run.status != "running", 60, "the run to stop")
+        return run.rows
+
+    session = ab.Session(tmp_path, trainer="process")
+    build(session)
+    run = session.train(steps=1000, batch_size=8, group_size=4, checkpoint_every=2)
+    rows = stop_after(run, 2)
+    session.close()
+    assert all(0 < row["cell/ratio_max"] <= 2.0 for row in rows)  # the cell's loss trained
+    plan = json.loads((run.directory / "plan.json").read_text())
+    assert plan["policies"]["solver"]["algorithm"] == {
+        "kind": "custom", "class": "cell_loss.<locals>.SquaredRatioPG"}
+
+    with pytest.raises(ValueError, match=r"build the policy in this session again, "
+                                         r"session.policy\('solver'"):
+        ab.Session.resume(tmp_path)
+    again = ab.Session(tmp_path, trainer="process")
+    try:
+        build(again)
+        resumed = again.resume()
+        start = resumed.events[0]["versions"]["solver"]
+        assert start >= 2
+        rows = stop_after(resumed, start + 1)
+        assert rows[-1]["version"] > start and "cell/ratio_max" in rows[-1]
+    finally:
+        again.close()
