@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                          help="checkpoints go here; a restart resumes from them")
     trainer.add_argument("--checkpoint-every", type=int, default=1,
                          help="steps between checkpoints")
+    trainer.add_argument("--allow-code", action="store_true",
+                         help="import algorithms given by reference (module:qualname): their code "
+                              "runs in this service. Without it a user's own loss still trains "
+                              "here, computed by the caller (only its gradient is sent)")
     args = parser.parse_args(argv)
     follow_parent()  # a service launched by a notebook ends with it (astranb/lifeline.py)
     try:
@@ -116,7 +120,8 @@ def _serve_trainer(args) -> int:
     from .services.server import serve
     from .services.trainer_app import LocalBackend, TrainerConfig, create_app
 
-    trainer = TrainerConfig(args.checkpoint_dir, args.checkpoint_every, config)
+    trainer = TrainerConfig(args.checkpoint_dir, args.checkpoint_every, config,
+                            allow_code=args.allow_code)
     return serve(create_app(trainer, LocalBackend(args.device)), config, "trainer")
 
 
@@ -129,6 +134,8 @@ def _torchrun(args) -> int:
                  "--checkpoint-every", str(args.checkpoint_every)]
     if args.checkpoint_dir:
         forwarded += ["--checkpoint-dir", args.checkpoint_dir]
+    if args.allow_code:
+        forwarded.append("--allow-code")
     env = dict(os.environ, ASTRANB_TOKEN=args.token or "")  # not on the command line
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
                f"--master-port={free_port()}", "-m", "astranb.services.trainer_main", *forwarded]

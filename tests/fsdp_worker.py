@@ -13,14 +13,17 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 import astranb as ab
+from astranb.algorithms import token_mean
 from astranb.dataflow.batcher import build_batch
 from astranb.dataflow.buffer import Group
+from astranb.training.caller_loss import gradient_batch, merged_metrics, trainer_algorithm
 from astranb.training.fsdp import FSDPBackend, main_worker
 from astranb.types import Batch, Generation, SamplingParams, Trajectory, Turn
 
@@ -72,6 +75,28 @@ def _ints(gen: torch.Generator, low: int, high: int, n: int) -> tuple[int, ...]:
 BATCHES = {"a": (7, 1), "b": (1, 5)}  # 7 rows: unequal shares; 1 row: rank 1 has none
 
 
+@dataclass(frozen=True)
+class CallerLoss(ab.Algorithm):
+    """A user's own loss (not one of astranb's configs): its loss runs in the caller, the ranks
+    get its gradient (astranb/training/caller_loss.py)."""
+
+    normalize_std: bool = True
+    filter_groups: bool = False
+    entropy_coef: float = 0.01
+
+    @property
+    def name(self) -> str:
+        return "caller"
+
+    def loss(self, logp_B_T, old_logp_B_T, adv_B_T, mask_B_T, num_tokens=None):
+        log_ratio = torch.where(mask_B_T.bool(), logp_B_T - old_logp_B_T, 0.0)
+        per_token = -torch.exp(log_ratio) * adv_B_T + 0.5 * log_ratio ** 2
+        return token_mean(per_token, mask_B_T, num_tokens), {}
+
+
+CALLER_OPTIMIZER = ab.AdamWConfig(lr=1e-3, grad_clip=0.5)
+
+
 def _create(trainer: FSDPBackend) -> None:
     for name, (algorithm, optimizer) in POLICIES.items():
         assert trainer.create(name, SPEC, algorithm, optimizer, MICRO_BATCH_SIZE) == 0
@@ -86,6 +111,14 @@ def first(trainer: FSDPBackend, out: Path) -> None:
             metrics[f"{name}.{key}"] = trainer.step(name, make_batch(*BATCHES[key]))
             save_file(trainer.weights(name), out / f"{name}.{key}.safetensors")
         trainer.save(name, out / f"ckpt-{name}")
+    algorithm = CallerLoss()
+    trainer.create("caller", SPEC, trainer_algorithm(algorithm), CALLER_OPTIMIZER,
+                   MICRO_BATCH_SIZE)
+    for key in ("a", "b"):
+        batch = make_batch(*BATCHES[key])
+        sent, found = gradient_batch(algorithm, batch, trainer.logprobs("caller", batch))
+        metrics[f"caller.{key}"] = merged_metrics(found, trainer.step("caller", sent), algorithm)
+        save_file(trainer.weights("caller"), out / f"caller.{key}.safetensors")
     metrics["world_size"] = trainer.world_size
     (out / "metrics.json").write_text(json.dumps(metrics))
 

@@ -37,7 +37,15 @@ from astranb.algorithms.config import algorithm_from_dict, algorithm_to_dict
 from astranb.training.collective import Collective, Command, decode, encode
 from astranb.training.fsdp import FSDPBackend
 from astranb.training.local import LocalTrainer
-from tests.fsdp_worker import BATCHES, MICRO_BATCH_SIZE, POLICIES, SPEC, make_batch
+from tests.fsdp_worker import (
+    BATCHES,
+    CALLER_OPTIMIZER,
+    MICRO_BATCH_SIZE,
+    POLICIES,
+    SPEC,
+    CallerLoss,
+    make_batch,
+)
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +68,7 @@ def test_algorithm_configs_round_trip_through_json():
     class Custom(ab.GRPO):
         pass
 
-    with pytest.raises(TypeError, match="only GRPO and M2PO"):
+    with pytest.raises(TypeError, match="not one of astranb.s algorithm configs"):
         algorithm_to_dict(Custom())
 
 
@@ -209,6 +217,19 @@ def test_two_rank_steps_equal_local_trainer_steps(runs):
             _assert_close(load_file(out / f"{step}.safetensors"), reference[f"{step}.weights"])
             assert metrics[step] == pytest.approx(reference[step], rel=RTOL, abs=1e-6), step
     assert metrics["grpo.a"]["clip_frac"] > 0 and metrics["m2po.a"]["m2po_masked_frac"] > 0
+
+
+@pytest.mark.slow  # two torchrun jobs (module fixture runs)
+def test_a_users_own_loss_on_two_ranks_equals_it_in_a_local_trainer(runs):
+    out, _ = runs
+    metrics = json.loads((out / "metrics.json").read_text())
+    local = LocalTrainer(SPEC, CallerLoss(), CALLER_OPTIMIZER, micro_batch_size=MICRO_BATCH_SIZE)
+    for key in ("a", "b"):
+        expected = local.step(make_batch(*BATCHES[key]))
+        _assert_close(load_file(out / f"caller.{key}.safetensors"), local.weights())
+        for name in ("loss", "entropy", "grad_norm", "tokens"):
+            assert metrics[f"caller.{key}"][name] == pytest.approx(expected[name], rel=RTOL,
+                                                                    abs=1e-6), (key, name)
 
 
 @pytest.mark.slow  # two torchrun jobs (module fixture runs)

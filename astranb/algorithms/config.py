@@ -18,18 +18,30 @@ the call that made it rather than in the middle of a run.
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import torch
 
 from .advantages import group_advantages
-from .losses import ppo_clip_loss
+from .losses import logp_gradient_loss, ppo_clip_loss
 from .m2po import m2po_loss
 
-__all__ = ["Algorithm", "GRPO", "M2PO", "algorithm_to_dict", "algorithm_from_dict"]
+__all__ = [
+    "Algorithm",
+    "GRPO",
+    "M2PO",
+    "LogpGradient",
+    "CodeNotAllowed",
+    "algorithm_to_dict",
+    "algorithm_from_dict",
+    "algorithm_reference",
+    "travels_as_config",
+]
 
 
 def _check_bool(algorithm: str, field: str, value: object) -> None:
@@ -236,45 +248,147 @@ class M2PO(Algorithm):
         )
 
 
-_KINDS: dict[str, type[GRPO] | type[M2PO]] = {"grpo": GRPO, "m2po": M2PO}
+@dataclass(frozen=True)
+class LogpGradient(Algorithm):
+    """The trainer's half of a loss that runs elsewhere: each token's advantage is dL/dlogp.
+
+    A trainer in another process cannot run a loss written in a notebook cell (code does not
+    travel), so the caller computes the loss on the logprobs the trainer sent and sends back
+    its gradient with respect to them in the batch's advantages (see training/caller_loss.py).
+    This config turns that into the parameters' gradient:
+
+        loss = sum over trained tokens of  adv_t * logp_t        (no mean: adv_t already holds it)
+
+    whose gradient is sum_t dL/dlogp_t * dlogp_t/dtheta, the caller's loss's own.
+    """
+
+    normalize_std: bool = False
+    """Unused here (the caller computed the advantages)."""
+    filter_groups: bool = False
+    """Unused here (the caller filtered the groups)."""
+    entropy_coef: float = 0.0
+    """The caller's algorithm's entropy bonus: the trainer adds it, as for its own algorithms."""
+
+    def __post_init__(self) -> None:
+        _check_entropy("LogpGradient", self.entropy_coef)
+
+    @property
+    def name(self) -> str:
+        return "logp_gradient"
+
+    def loss(
+        self,
+        logp_B_T: torch.Tensor,
+        old_logp_B_T: torch.Tensor,
+        adv_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+        num_tokens: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """sum(adv * logp) over the trained tokens; see `logp_gradient_loss`."""
+        return logp_gradient_loss(logp_B_T, adv_B_T, mask_B_T), {}
+
+
+_KINDS: dict[str, type[Algorithm]] = {"grpo": GRPO, "m2po": M2PO, "logp_gradient": LogpGradient}
+
+
+class CodeNotAllowed(ValueError):
+    """An algorithm given by reference (`module:qualname`) to a process that imports no code."""
+
+
+def travels_as_config(algorithm: Algorithm) -> bool:
+    """Whether `algorithm_to_dict` can describe it: one of astranb's own configs, not a subclass.
+
+    Any other Algorithm (a loss written in a notebook cell) trains in another process only by
+    running its loss in the caller (training/caller_loss.py) or, where the trainer imports code,
+    by reference (`algorithm_reference`)."""
+    return _KINDS.get(str(getattr(algorithm, "name", ""))) is type(algorithm)
 
 
 def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
     """A JSON-able description of an algorithm config, for sending it to another process.
 
     Args:
-        algorithm: a GRPO or M2PO config.
+        algorithm: one of astranb's algorithm configs.
 
     Returns:
-        {"kind": "grpo" | "m2po", **fields}; `algorithm_from_dict` turns it back.
+        {"kind": algorithm.name, **fields}; `algorithm_from_dict` turns it back.
 
     Raises:
-        TypeError: for any other Algorithm subclass (its fields and code cannot travel as JSON).
+        TypeError: for any other Algorithm subclass (its code cannot travel as JSON; see
+            `travels_as_config`).
     """
-    kind = getattr(algorithm, "name", None)
-    if kind not in _KINDS or _KINDS[kind] is not type(algorithm):
+    if not travels_as_config(algorithm):
         raise TypeError(
-            f"only GRPO and M2PO configs can be sent to trainer processes, got {algorithm!r}; "
-            "build the policy with astranb.GRPO(...) or astranb.M2PO(...)"
+            f"{algorithm!r} is not one of astranb's algorithm configs ({', '.join(sorted(_KINDS))})"
+            ", so it cannot be described as JSON; trainers in other processes run its loss in "
+            "the caller instead (training/caller_loss.py)"
         )
-    return {"kind": kind, **asdict(algorithm)}
+    return {"kind": algorithm.name, **asdict(algorithm)}  # type: ignore[call-overload]
 
 
-def algorithm_from_dict(data: dict[str, Any]) -> Algorithm:
-    """The config `algorithm_to_dict` described (validated again, as when built by hand).
+def algorithm_reference(algorithm: Algorithm) -> dict[str, Any] | None:
+    """The algorithm by reference: its class's `module:qualname` and its fields, for a process
+    that imports code (a trainer service started with --allow-code); None when it has none.
+
+    It has none when the class cannot be imported again by that name (defined in a notebook
+    cell or in `__main__`, or inside a function), is not a dataclass, or has a field JSON
+    cannot hold.
+    """
+    cls = type(algorithm)
+    module, qualname = cls.__module__, cls.__qualname__
+    if module == "__main__" or "<locals>" in qualname or not is_dataclass(algorithm):
+        return None
+    try:
+        if _import(f"{module}:{qualname}") is not cls:
+            return None
+        values = {f.name: getattr(algorithm, f.name) for f in fields(algorithm)}
+        json.dumps(values, allow_nan=False)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    return {"kind": "import", "ref": f"{module}:{qualname}", "fields": values}
+
+
+def _import(ref: str) -> Any:
+    module, _, qualname = ref.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def algorithm_from_dict(data: dict[str, Any], *, allow_import: bool = False) -> Algorithm:
+    """The config `algorithm_to_dict` (or `algorithm_reference`) described, validated again as
+    when built by hand.
 
     Args:
-        data: {"kind": ..., **fields}.
+        data: {"kind": ..., **fields}, or {"kind": "import", "ref": "module:qualname",
+            "fields": {...}}.
+        allow_import: whether a reference may be imported (it runs the module's code).
 
     Raises:
-        ValueError: unknown kind or unknown field.
+        ValueError: unknown kind or unknown field, or a reference that is no Algorithm class.
+        CodeNotAllowed: a reference, and allow_import is False.
     """
     data = dict(data)
     kind = data.pop("kind", None)
+    if kind == "import":
+        ref = str(data.get("ref", ""))
+        if not allow_import:
+            raise CodeNotAllowed(
+                f"the algorithm is given by reference ({ref}), and this process does not import "
+                "code: start the trainer service with --allow-code to run it there, or leave the "
+                "algorithm as it is and its loss runs in the caller")
+        try:
+            cls = _import(ref)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ValueError(f"cannot import the algorithm {ref!r}: {error}") from error
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm) and is_dataclass(cls)):
+            raise ValueError(f"{ref!r} is not an Algorithm dataclass")
+        return cls(**dict(data.get("fields") or {}))
     if kind not in _KINDS:
         raise ValueError(f"unknown algorithm kind {kind!r}; expected one of {sorted(_KINDS)}")
     cls = _KINDS[kind]
-    unknown = set(data) - {f.name for f in fields(cls)}
+    unknown = set(data) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
     if unknown:
         raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
     return cls(**data)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_mean", "ppo_clip_loss"]
+__all__ = ["token_mean", "ppo_clip_loss", "logp_gradient_loss"]
 
 
 def token_mean(
@@ -135,3 +135,22 @@ def ppo_clip_loss(
         metrics = {"clip_frac": float(token_mean(clip_active_B_T.to(loss.dtype), mask_B_T))}
         metrics.update(ratio_metrics(log_ratio_B_T, mask_B_T))
     return loss, metrics
+
+
+def logp_gradient_loss(
+    logp_B_T: torch.Tensor, grad_B_T: torch.Tensor, mask_B_T: torch.Tensor
+) -> torch.Tensor:
+    """sum over trained tokens of grad * logp: a loss whose gradient in logp is `grad`.
+
+    The trainer's half of a loss computed elsewhere (algorithms.LogpGradient): `grad_B_T` is
+    dL/dlogp of that loss, so backpropagating this gives the parameters dL/dtheta.
+
+    Args:
+        logp_B_T: logprobs of the sampled tokens under the policy being trained (requires grad).
+        grad_B_T: dL/dlogp per token (it holds any token mean already: no division here).
+        mask_B_T: 1 on trained tokens; elsewhere nothing counts, not even NaN.
+
+    Returns:
+        The scalar loss.
+    """
+    return torch.where(mask_B_T.bool(), logp_B_T * grad_B_T, 0.0).sum()

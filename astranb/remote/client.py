@@ -18,6 +18,8 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import httpx
+import torch
+from safetensors.torch import load as st_load
 
 from ..errors import ServiceError, ServiceUnavailable
 from ..types import Batch
@@ -285,6 +287,13 @@ class TrainerClient(_Client):
         blob = batch_to_bytes(batch, policy=policy)
         return await self.request("POST", f"/v1/step/{policy}", raw=blob,
                                   params={"expect_version": expect_version})
+
+    async def logprobs(self, policy: str, expect_version: int, batch: Batch) -> torch.Tensor:
+        """The trainer's logprob of each of the batch's tokens at version `expect_version`."""
+        blob = batch_to_bytes(batch, policy=policy)
+        found = await self.request("POST", f"/v1/logprobs/{policy}", raw=blob,
+                                   params={"expect_version": expect_version})
+        return st_load(bytes(found))["logp_B_T"]
 
     async def weights(self, policy: str, have_version: int | None = None,
                       have_checksum: int | None = None, *, watch: Any = None) -> bytes | bytearray:

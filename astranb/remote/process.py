@@ -49,6 +49,7 @@ from ..contracts import Checkpointable, Publisher, SupervisedTrainer, Trainer
 from ..errors import AstranbError
 from ..lifeline import follow_parent, shielded
 from ..models import ModelSpec
+from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
 from ..types import Batch, WeightUpdate
 from ..weights.publish import apply_to_engine, deliver, transfer_metrics
 from ..weights.store import PublishStats
@@ -117,7 +118,9 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
     Args:
         name: policy name.
         spec: the model recipe (the child builds the model from it).
-        algorithm, optimizer: as for LocalTrainer.
+        algorithm, optimizer: as for LocalTrainer. An algorithm that does not travel as JSON
+            (a loss written in a notebook cell) runs its loss here, on the logprobs the child
+            sends; only its gradient goes to the child (training/caller_loss.py).
         threads: torch threads of the child.
         device, dtype: where and in what the child trains.
         full_every: versions between forced full snapshots of the child's weight store.
@@ -128,6 +131,7 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
                  threads: int = 1, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  full_every: int = 10, log: str | os.PathLike | None = None):
         self.name = name
+        self.algorithm = algorithm
         self.log = Path(log) if log is not None else None
         self._lock = threading.Lock()
         self._closed = False
@@ -142,7 +146,7 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
         if out is not subprocess.DEVNULL:
             out.close()
         header = {"op": "create", "name": name, "spec": spec_to_wire(spec),
-                  "algorithm": algorithm_to_dict(algorithm),
+                  "algorithm": algorithm_to_dict(trainer_algorithm(algorithm)),
                   "optimizer": dataclasses.asdict(optimizer), "threads": threads,
                   "device": str(device), "dtype": str(dtype).removeprefix("torch."),
                   "full_every": full_every}
@@ -162,11 +166,18 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
         start = time.perf_counter()
         prepared, self._prepared = self._prepared, None
         body = prepared[1] if prepared is not None and prepared[0] is batch else None
+        caller: dict[str, float] | None = None
+        if runs_in_caller(self.algorithm):  # logprobs there, the loss here, its gradient there
+            _, found = self._call({"op": "logprobs"}, body or batch_to_bytes(batch))
+            batch, caller = gradient_batch(self.algorithm, batch, st_load(found)["logp_B_T"])
+            body = None
         answer, payload = self._call({"op": "step"}, body or batch_to_bytes(batch))
         self.version = int(answer["version"])
         self.checksum = answer["checksum"]
         self.snapshot = (self.version, payload, PublishStats(**answer["stats"]))
         metrics = dict(answer["metrics"])
+        if caller is not None:
+            metrics = merged_metrics(caller, metrics, self.algorithm)
         metrics["trainer_seconds"] = answer["seconds"]
         metrics["trainer_call_seconds"] = time.perf_counter() - start
         return metrics
@@ -364,6 +375,10 @@ class _Child:
         return {"metrics": metrics, "version": self.trainer.version, "seconds": seconds,
                 "checksum": self.store.checksum, "stats": self.stats}, self.store.pull_full()
 
+    def logprobs(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        logp_B_T = self.trainer.logprobs(batch_from_bytes(body))
+        return {}, st_save({"logp_B_T": logp_B_T.contiguous()})
+
     def sft_step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         threads = torch.get_num_threads()
         torch.set_num_threads(int(header.get("threads") or threads))
@@ -408,7 +423,8 @@ def main() -> int:
     wire_in = sys.stdin.buffer
     child = _Child()
     ops: dict[str, Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]] = {
-        "create": child.create, "step": child.step, "sft_step": child.sft_step,
+        "create": child.create, "step": child.step, "logprobs": child.logprobs,
+        "sft_step": child.sft_step,
         "pull": child.pull, "weights": child.weights, "save": child.save, "load": child.load,
     }
     while (frame := _read(wire_in)) is not None:

@@ -3,6 +3,9 @@
     POST /v1/policies            create a policy's trainer (or recover it from its last checkpoint)
     POST /v1/step/{policy}       one optimizer step on a safetensors batch; `expect_version` makes
                                  a retried step harmless (same answer, no second step)
+    POST /v1/logprobs/{policy}   the current weights' logprob of each token of a safetensors batch
+                                 (safetensors {"logp_B_T"}): the first half of a step whose loss
+                                 the caller computes (astranb.training.caller_loss)
     GET  /v1/weights/{policy}    the latest weights for a receiver holding (have_version,
                                  have_checksum): a delta when it holds exactly the previous
                                  version, else a full snapshot (see astranb.weights.store)
@@ -12,6 +15,10 @@ The trainer itself is a backend: `LocalBackend` (one process) or the FSDP backen
 torchrun job drives (astranb.training.fsdp). Checkpoints land in `checkpoint_dir/<policy>/` as
 safetensors + JSON, written to a temporary folder and renamed, with a `latest.json` pointer
 replaced atomically; a restarted service resumes from it.
+
+Code never arrives unasked: an algorithm given by reference ({"kind": "import", "ref":
+"module:qualname"}) is imported only by a service started with `--allow-code` (`allow_code`), and
+refused with 403 otherwise. A user's own loss trains here either way, computed by the caller.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ import torch
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
+from safetensors.torch import save as st_save
 
-from ..algorithms.config import algorithm_from_dict
+from ..algorithms.config import CodeNotAllowed, algorithm_from_dict
 from ..models import ModelSpec, dtype_for
 from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 from ..training.local import AdamWConfig, LocalTrainer
@@ -52,6 +60,7 @@ class TrainerBackend(Protocol):
     def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamWConfig,
                micro_batch_size: int = 64) -> int: ...
     def step(self, name: str, batch) -> dict[str, float]: ...
+    def logprobs(self, name: str, batch) -> torch.Tensor: ...
     def version(self, name: str) -> int: ...
     def weights(self, name: str) -> dict[str, torch.Tensor]: ...
     def save(self, name: str, directory) -> None: ...
@@ -76,6 +85,9 @@ class LocalBackend:
 
     def step(self, name, batch):
         return self.trainers[name].step(batch)
+
+    def logprobs(self, name, batch):
+        return self.trainers[name].logprobs(batch)
 
     def version(self, name):
         return self.trainers[name].version
@@ -102,11 +114,13 @@ class TrainerConfig:
         checkpoint_dir: where checkpoints go (None: no checkpoints, no recovery).
         checkpoint_every: checkpoint after every this many steps (0: only on request).
         service: bind address, port, token, body limit.
+        allow_code: import algorithms given by reference (their code runs here).
     """
 
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     service: ServiceConfig = field(default_factory=ServiceConfig)
+    allow_code: bool = False
 
 
 class TrainerPolicyIn(BaseModel):
@@ -151,10 +165,12 @@ class TrainerService:
             return self._status(existing)
         try:
             spec = spec_from_wire(request["model"])
-            algorithm = algorithm_from_dict(body.algorithm)
+            algorithm = algorithm_from_dict(body.algorithm, allow_import=self.config.allow_code)
             settings: dict[str, Any] = {k: tuple(v) if k == "betas" else v
                                         for k, v in body.optimizer.items()}
             optimizer = AdamWConfig(**settings)
+        except CodeNotAllowed as error:
+            raise HTTPException(403, str(error)) from error
         except (TypeError, ValueError, KeyError) as error:
             raise HTTPException(422, f"invalid algorithm/optimizer: {error}") from error
         try:
@@ -191,6 +207,15 @@ class TrainerService:
                             "metrics": metrics, "publish": publish, "checkpoint": checkpoint,
                             "trainer_seconds": step_seconds, "checksum": policy.store.checksum}
         return policy.last_step
+
+    async def logprobs(self, name: str, expect_version: int, blob: bytes) -> bytes:
+        self._policy(name)
+        version = self.backend.version(name)
+        if version != expect_version:
+            raise HTTPException(409, f"policy {name!r} is at version {version}, the batch expects "
+                                     f"{expect_version}; re-read /v1/status and rebuild the batch")
+        logp_B_T = await self._call(self.backend.logprobs, name, batch_from_bytes(blob))
+        return st_save({"logp_B_T": logp_B_T.contiguous()})
 
     async def _publish(self, policy: _Policy) -> dict:
         version = self.backend.version(policy.name)
@@ -248,7 +273,7 @@ class TrainerService:
 
     def status(self) -> dict:
         return {"service": "trainer", "instance_id": self.instance_id,
-                "world_size": self.backend.world_size,
+                "world_size": self.backend.world_size, "allow_code": self.config.allow_code,
                 "policies": {n: self._status(p) for n, p in self.policies.items()}}
 
     def _status(self, policy: _Policy) -> dict:
@@ -294,6 +319,14 @@ def create_app(
         "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
     async def step(policy: str, request: Request, expect_version: int = Query(ge=0)) -> Response:
         return reply(request, await service.step(policy, expect_version, await request.body()))
+
+    @app.post("/v1/logprobs/{policy}", response_class=Response, openapi_extra={"requestBody": {
+        "required": True,
+        "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}},
+        responses={200: {"content": {OCTETS: {}}, "description": "safetensors logp_B_T"}})
+    async def logprobs(policy: str, request: Request,
+                       expect_version: int = Query(ge=0)) -> Response:
+        return octets(await service.logprobs(policy, expect_version, await request.body()))
 
     @app.get("/v1/weights/{policy}", response_class=Response,
              responses={200: {"content": {OCTETS: {}}, "description": "weight payload"}})

@@ -24,10 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body-mb", type=int, default=1024)
     parser.add_argument("--checkpoint-dir")
     parser.add_argument("--checkpoint-every", type=int, default=1)
+    parser.add_argument("--allow-code", action="store_true")
     args = parser.parse_args(argv)
     service = ServiceConfig(args.host, args.port, os.environ.get("ASTRANB_TOKEN") or None,
                             args.max_body_mb << 20)
-    config = TrainerConfig(args.checkpoint_dir, args.checkpoint_every, service)
+    config = TrainerConfig(args.checkpoint_dir, args.checkpoint_every, service,
+                           allow_code=args.allow_code)
     main_worker(lambda backend: serve(create_app(config, backend), service, "trainer (FSDP)"))
     return 0
 

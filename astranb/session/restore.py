@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import environments
-from ..algorithms.config import algorithm_from_dict, algorithm_to_dict
+from ..algorithms.config import (
+    algorithm_from_dict,
+    algorithm_reference,
+    algorithm_to_dict,
+    travels_as_config,
+)
 from ..contracts import Checkpointable
 from ..dataflow.config import RunConfig
 from ..models import ModelSpec
@@ -145,8 +150,27 @@ def _registry(env: Environment) -> dict[str, Any] | None:
 
 def _recipe(policy: Policy, options: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": dataclasses.asdict(policy.spec),
-            "algorithm": algorithm_to_dict(policy.algorithm),
+            "algorithm": _algorithm_recipe(policy.algorithm),
             "optimizer": dataclasses.asdict(policy.optimizer), "options": dict(options)}
+
+
+def _algorithm_recipe(algorithm: Any) -> dict[str, Any]:
+    """astranb's own configs as JSON; a user's own algorithm by reference where its class can be
+    imported by name, else by its class name only (resume then needs the policy built again)."""
+    if travels_as_config(algorithm):
+        return algorithm_to_dict(algorithm)
+    return algorithm_reference(algorithm) or {"kind": "custom",
+                                              "class": type(algorithm).__qualname__}
+
+
+def _algorithm_of(name: str, recipe: Mapping[str, Any]) -> Any:
+    if recipe.get("kind") == "custom":
+        raise ValueError(
+            f"policy {name!r} trained with its own algorithm {recipe.get('class')!r}, defined "
+            "where it cannot be imported by name (a notebook cell): build the policy in this "
+            f"session again, session.policy({name!r}, ..., algorithm=...), then resume")
+    # a reference names the user's own module: importing it here runs their own code
+    return algorithm_from_dict(dict(recipe), allow_import=True)
 
 
 # -- restoring -------------------------------------------------------------------------------------
@@ -334,7 +358,7 @@ def _policies(context: RunContext, plan: Mapping[str, Any],
             optimizer = dict(recipe["optimizer"])
             optimizer["betas"] = tuple(optimizer.get("betas", (0.9, 0.999)))
             policy = make_policy(name, spec,
-                                 algorithm=algorithm_from_dict(dict(recipe["algorithm"])),
+                                 algorithm=_algorithm_of(name, recipe["algorithm"]),
                                  optimizer=AdamWConfig(**optimizer), **recipe["options"])
         elif policy.spec != spec:
             raise ValueError(f"policy {name!r} of this session has another model than the run "

@@ -27,7 +27,6 @@ import torch
 
 from .. import environments
 from ..algorithms import GRPO, Algorithm
-from ..algorithms.config import algorithm_to_dict
 from ..dataflow.config import RunConfig
 from ..dataflow.sampling import DEFAULT_MAX_GEN_BATCHES
 from ..dataflow.stall import STALL_SECONDS
@@ -230,9 +229,8 @@ class Session:
         trainer: RemoteTrainer | LocalTrainer
         if self._context.trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec),
-                    "algorithm": algorithm_to_dict(algorithm),
                     "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
-            trainer = RemoteTrainer(self._context.trainer, body)
+            trainer = RemoteTrainer(self._context.trainer, body, algorithm)
             self._context.call(trainer.create)
             publisher = ServicesPublisher(pool, name, trainer)
         else:

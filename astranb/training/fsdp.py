@@ -91,6 +91,7 @@ from .local import (
     micro_batches,
     optimizer_state_from_tensors,
     optimizer_state_to_tensors,
+    token_logprobs,
 )
 
 __all__ = ["FSDPBackend", "follow", "main_worker"]
@@ -130,7 +131,8 @@ class _Replica:
         self.policies: dict[str, _Policy] = {}
 
     def handlers(self) -> dict[str, Callable[[Command], object]]:
-        return {"create": self.create, "step": self.step, "gather": self.gather, "load": self.load}
+        return {"create": self.create, "step": self.step, "logprobs": self.logprobs,
+                "gather": self.gather, "load": self.load}
 
     def create(self, command: Command) -> int:
         args = command.args
@@ -179,6 +181,21 @@ class _Replica:
         totals["tokens"] = float(batch.num_tokens)
         policy.version += 1
         return totals
+
+    @torch.no_grad()
+    def logprobs(self, command: Command) -> torch.Tensor:
+        """Every row's token logprobs: each rank fills its own rows (and runs the blank passes
+        that keep its collectives in step), one sum over ranks assembles them."""
+        policy = self.policies[command.args["name"]]
+        batch = Batch(**{k: v.to(self.device) for k, v in command.tensors.items()})
+        own, missing = _share(batch.size, self.rank, self.world, policy.micro_batch_size)
+        logp_B_T = torch.zeros(batch.input_ids_B_T.shape, dtype=torch.float32, device=self.device)
+        for rows in own:
+            logp_B_T[rows] = token_logprobs(policy.model, batch, rows)[0].float()
+        for _ in range(missing):
+            token_logprobs(policy.model, batch, slice(0, 1))
+        dist.all_reduce(logp_B_T)  # each row is non-zero on one rank only
+        return logp_B_T.cpu()
 
     def _sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
         """Token-weighted sums add up over ranks; MAX_METRICS take the largest rank's."""
@@ -264,7 +281,8 @@ class FSDPBackend:
 
         Raises:
             ValueError: micro_batch_size < 1.
-            TypeError: the algorithm is not GRPO or M2PO (only those travel as JSON).
+            TypeError: the algorithm is not one of astranb's configs (only those travel as JSON;
+                the trainer service runs any other one's loss in its caller).
         """
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -282,6 +300,13 @@ class FSDPBackend:
         self._policy(name)
         tensors = {field: getattr(batch, field) for field in Batch.__dataclass_fields__}
         return self._channel.call("step", {"name": name}, tensors)
+
+    def logprobs(self, name: str, batch: Batch) -> torch.Tensor:
+        """The current weights' logprob of each of the batch's tokens (no grad), as
+        LocalTrainer.logprobs."""
+        self._policy(name)
+        tensors = {field: getattr(batch, field) for field in Batch.__dataclass_fields__}
+        return self._channel.call("logprobs", {"name": name}, tensors)
 
     def version(self, name: str) -> int:
         """Steps taken by policy `name` (restored by `load`)."""

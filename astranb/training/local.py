@@ -254,6 +254,15 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         self.version += 1
         return totals
 
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """The current weights' logprob of each of the batch's tokens (`token_logprobs`, no grad,
+        on CPU): what a loss run by the caller is computed on (training/caller_loss.py)."""
+        batch = _to(batch, self.device)
+        parts = [token_logprobs(self.model, batch, rows)[0]
+                 for rows in micro_batches(0, batch.size, self._rows_per_pass(batch))]
+        return torch.cat(parts).float().cpu()
+
     def sft_step(self, batch: Batch, lr: float | None = None) -> dict[str, float]:
         """One supervised step: token-mean negative log-likelihood of the tokens whose loss_mask
         is 1 (see training/sft.py). Version += 1, like an RL step: the weights changed.
