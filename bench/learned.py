@@ -5,6 +5,7 @@
     .venv/bin/python bench/learned.py --only largest    # the largest-digit run alone
     .venv/bin/python bench/learned.py --cap 300         # stop a run after 300 s (a crawl)
     .venv/bin/python bench/learned.py --max-gen-batches 0   # the unbounded filter (before)
+    .venv/bin/python bench/learned.py --sampler pass_rate   # skip samples seen solved
 
 Two runs with astranb's defaults, one after the other in one process:
 
@@ -83,8 +84,7 @@ def train(env: ab.Environment, steps: int, cap: float, workdir: Path,
         sizes = [len(line) for line in (run.directory / "metrics.jsonl").read_bytes()
                  .splitlines()]
         events = [e for e in run.events if e["kind"] == "learned"]
-        evaluation = (session.evaluate(n=512)["solver"]
-                      if env.name == "Arithmetic" else None)
+        evaluation = session.evaluate(n=512)["solver"]
     return {"rows": rows, "capped": capped, "wall": wall, "row_bytes_max": max(sizes, default=0),
             "learned": events, "final_eval": evaluation}
 
@@ -94,6 +94,8 @@ def _times(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def _mean(values: list[float]) -> float:
+    """The mean of the numbers that are not NaN (a row without episodes has a NaN reward)."""
+    values = [v for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")
 
 
@@ -107,7 +109,7 @@ def largest(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
             "filtered_groups": rows[-1]["filtered_groups"] if rows else 0,
             "episodes": rows[-1]["episodes"] if rows else 0,
             "reward_last10": _mean([r["reward"] for r in rows[-max(1, len(rows) // 10):]]),
-            "row_bytes_max": out["row_bytes_max"],
+            "final_eval": out["final_eval"], "row_bytes_max": out["row_bytes_max"],
             "learned_at_step": [e.get("step") for e in out["learned"]]}
 
 
@@ -153,6 +155,8 @@ def report(results: dict[str, list[dict[str, Any]]], load: tuple[float, ...]) ->
                       lambda r: f"{r['filtered_groups']:,}"),
                   row("episodes played", runs, lambda r: f"{r['episodes']:,}"),
                   row("reward, last 10% of steps", runs, lambda r: f"{r['reward_last10']:.3f}"),
+                  row("held-out evaluation (512)", runs,
+                      lambda r: f"{r.get('final_eval') or float('nan'):.3f}"),
                   row("largest metrics row, bytes", runs, lambda r: f"{r['row_bytes_max']:,}"),
                   row("\"learned\" event at step", runs, lambda r: str(r["learned_at_step"])),
                   ""]
@@ -183,7 +187,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "learned.json")
     parser.add_argument("--max-gen-batches", type=int, default=None,
                         help="train(max_gen_batches=...); default: astranb's default; 0: None")
+    parser.add_argument("--sampler", default=None, help="train(sampler=...): stream, pass_rate")
     args = parser.parse_args()
+    if args.sampler is not None:
+        TRAIN_KW["sampler"] = args.sampler
     if args.max_gen_batches is not None:
         TRAIN_KW["max_gen_batches"] = args.max_gen_batches or None
     load = os.getloadavg()

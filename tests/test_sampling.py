@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import astranb as ab
 from astranb.dataflow.ledger import SampleLedger, compact, expand, sample_id
 from astranb.dataflow.sampling import (
+    PassRates,
     Ties,
     filter_budget,
     in_batch,
@@ -130,6 +131,78 @@ def test_max_gen_batches_and_stop_when_learned_are_checked_with_the_fix():
     with pytest.raises(ValueError, match="stop_when_learned must be True or False"):
         ab.RunConfig(1, 4, 2, 1, stop_when_learned="yes")
     assert ab.RunConfig(1, 4, 2, 1).max_gen_batches == 2
+
+
+def test_pass_rates_skip_solved_samples_down_to_the_floor_and_forget_slowly():
+    rates = PassRates(floor=0.25, seed=1)
+    a, b = PassRates.key({"prompt": "1+1=", "answer": 2}), PassRates.key({"answer": 2,
+                                                                          "prompt": "1+1="})
+    assert a == b and a != PassRates.key({"prompt": "1+2=", "answer": 3})  # key order ignored
+    assert PassRates.key({"x": object()}) is None and PassRates.key({"x": math.nan}) is None
+    assert rates.rate(a) == 0.0 and all(rates.play(a) for _ in range(100))  # never seen
+    rates.record(a, 1.0)  # the first group: the rate is its share
+    assert rates.rate(a) == 1.0
+    rates.record(a, 0.5)  # then halfway towards each new share
+    assert rates.rate(a) == 0.75
+    rates.record(a, 1.0)
+    assert rates.rate(a) == 0.875
+    plays = sum(rates.play(a) for _ in range(4000)) / 4000
+    assert abs(plays - 0.25) < 0.03  # max(floor, 1 - 0.875) = the floor
+    rates.record(a, 0.0)  # forgotten again: played more often
+    assert rates.rate(a) == 0.4375
+    assert abs(sum(rates.play(a) for _ in range(4000)) / 4000 - 0.5625) < 0.03
+    assert rates.play(None)  # a sample that is not JSON is always played
+    small = PassRates(memory=2)
+    for i in range(3):
+        small.record(str(i), 1.0)
+    assert len(small) == 2 and small.rate("0") == 0.0  # the least recently updated went
+    with pytest.raises(ValueError, match=r"floor must be in \(0, 1\]"):
+        PassRates(floor=0)
+    with pytest.raises(ValueError, match="sampler must be one of 'stream', 'pass_rate'"):
+        ab.RunConfig(1, 4, 2, 1, sampler="solved")
+
+
+class FewProblems(ab.Environment):
+    """Four problems drawn again and again; problem 0 is always solved (1.0), the others score
+    0.0 or 0.5 by the sampled token's parity: a signal in about half of their groups, and never
+    the best reward."""
+
+    roles = ("solver",)
+    sampling = ab.SamplingParams(max_new_tokens=1)
+
+    def samples(self, seed=0):
+        import random
+
+        rng = random.Random(seed)
+        while True:
+            yield {"prompt": "a", "problem": rng.randrange(4)}
+
+    async def episode(self, ctx, sample):
+        out = await ctx.generate("solver", sample["prompt"])
+        if sample["problem"] == 0:
+            return 1.0
+        return 0.5 * float(len(out.completion_ids) and out.completion_ids[0] % 2)
+
+
+@pytest.mark.slow  # a second or more: make test runs it, make test-fast does not
+def test_the_pass_rate_sampler_skips_the_solved_problem_and_accounts_for_it(tmp_path):
+    session, run = _train(tmp_path, FewProblems(), steps=12, sampler="pass_rate")
+    with session:
+        run.wait(timeout=DEADLINE, progress=False)
+    rows = run.rows
+    accounts = RunFiles(run.directory).samples
+    skipped = [name for a in accounts for name in a["dropped"].get("solved", [])]
+    assert sum(r["samples_dropped"].get("solved", 0) for r in rows) == len(skipped) > 0
+    # the samples skipped were the solved problem's, and about 90% of its draws were skipped
+    stream = FewProblems().samples(0)
+    problems = [next(stream)["problem"] for _ in range(max(int(n.split(":")[1])
+                                                             for n in skipped) + 1)]
+    assert all(problems[int(n.split(":")[1])] == 0 for n in skipped)
+    assert len(skipped) / problems.count(0) > 0.7
+    # and nothing is accounted twice
+    every = [n for a in accounts for n in a["trained"]] + \
+        [n for a in accounts for names in a["dropped"].values() for n in names]
+    assert len(every) == len(set(every))
 
 
 # -- a run whose task gets learned ---------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling import DEFAULT_MAX_GEN_BATCHES
+from .sampling import DEFAULT_MAX_GEN_BATCHES, SAMPLERS
 from .stall import STALL_SECONDS
 
 __all__ = ["RunConfig"]
@@ -40,6 +40,9 @@ class RunConfig:
     stop_when_learned: bool = False
     """End a policy's training at its "learned" event (its last groups all tied, some at its
     best reward) instead of going on."""
+    sampler: str = "stream"
+    """"stream": every sample is played, in stream order; "pass_rate": samples seen solved are
+    skipped most of the time (see `astranb.dataflow.sampling.PassRates`)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):
@@ -79,6 +82,9 @@ class RunConfig:
                 f"max_gen_batches must be an integer >= 1 or None, got {self.max_gen_batches!r}: "
                 "the batches' worth of groups played for one step at most (default "
                 f"{DEFAULT_MAX_GEN_BATCHES}); None lets filter_groups drop without a bound")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(map(repr, SAMPLERS))}, got "
+                             f"{self.sampler!r}")
         if not isinstance(self.stop_when_learned, bool):
             raise ValueError(f"stop_when_learned must be True or False, got "
                              f"{self.stop_when_learned!r}")

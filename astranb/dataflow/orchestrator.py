@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..environments.base import Environment
@@ -38,7 +39,7 @@ from ._tasks import run_all
 from .batcher import group_rewards, has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .ledger import SampleLedger, sample_id
-from .sampling import Ties, learned_message
+from .sampling import PassRates, Ties, learned_message
 from .staleness import StalenessGate
 
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing", "play_heldout"]
@@ -188,6 +189,8 @@ class Orchestrator:
             before its tied groups are trained (`sampling.filter_budget`; None: no bound).
         learned_after: tied groups in a row at the best reward that make a "learned" event.
         on_learned: called with a policy's name when its "learned" event is recorded.
+        pass_rates: skip samples seen solved, most of the time (`sampling.PassRates`); None:
+            play every sample.
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class Orchestrator:
         filter_budget: int | None = None,
         learned_after: int = 64,
         on_learned: Callable[[str], None] | None = None,
+        pass_rates: PassRates | None = None,
     ):
         self.sources = [sources] if isinstance(sources, Source) else list(sources)
         self.buffers = buffers
@@ -230,6 +234,7 @@ class Orchestrator:
         self.filter_budget = filter_budget
         self.learned_after = learned_after
         self.on_learned = on_learned
+        self.pass_rates = pass_rates
         self.started = 0.0
         """When the run started, on the event loop's clock (set by `Dataflow.run`)."""
 
@@ -291,8 +296,36 @@ class Orchestrator:
             position, sample = drawn
             key = sample_id(self._stream[id(source)], position)
             self.counters.samples.drawn(key, sample, names)
+            rates = self.pass_rates
+            known = None if rates is None else rates.key(sample)
+            if rates is not None and not rates.play(known):
+                self._skip(key, names)
+                await anyio.lowlevel.checkpoint()  # an endless run of solved samples must yield
+                continue
             group = await self.play_group(sample, source, key)
             self._deliver(group, source)
+            if rates is not None:
+                rates.record(known, self._solved_share(group))
+
+    def _skip(self, key: str, names: Sequence[str]) -> None:
+        """The pass-rate sampler skips sample `key`: accounted as dropped, "solved"."""
+        for name in names:
+            if name in self.gate.retired:
+                self.counters.samples.forget(name, key)
+            else:
+                self.counters.samples.dropped(name, key, "solved")
+        self.gate.release({n: 1 for n in names})
+
+    def _solved_share(self, group: Group) -> float:
+        """The share of the group's episodes at their policy's best reward (the smallest over
+        the policies that played it; 0 for a group that failed)."""
+        shares = []
+        for name in group.policies:
+            rewards = group_rewards(group, name)
+            best = self.ties[name].best
+            if rewards:
+                shares.append(sum(r >= best for r in rewards) / len(rewards))
+        return min(shares, default=0.0)
 
     async def play_group(self, sample: Mapping[str, Any], source: Source | None = None,
                          key: str = "") -> Group:

@@ -37,17 +37,27 @@ is a task learned as far as its groups can teach, since no group carries a signa
 `train(stop_when_learned=True)` ends the policy's training there. The share of tied groups per
 step is every row's `tied_fraction`.
 
+Fewer ties in the first place: with `train(sampler="pass_rate")` the orchestrator skips, most
+of the time, samples whose recent groups were solved (`PassRates`), so where samples repeat the
+rollouts go to the ones with something left to learn. A skipped sample is accounted as dropped
+("solved"); no episode of it is played.
+
 The parts here are pure (plain numbers in, plain answers out); the orchestrator feeds them.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
 
 __all__ = ["DEFAULT_MAX_GEN_BATCHES", "filter_budget", "in_batch", "learned_streak", "Ties",
-           "learned_message"]
+           "learned_message", "SAMPLERS", "PassRates"]
 
 DEFAULT_MAX_GEN_BATCHES = 2
 """Batches' worth of groups played for one step at most, by default (see the module doc)."""
@@ -135,3 +145,65 @@ def learned_message(policy: str, groups: int, tied_at: dict[float, int]) -> str:
     return (f"{said}. No group carries a signal, so steps from here teach little. Stop here "
             "(run.stop(), or train(..., stop_when_learned=True) next time), or make the task "
             "harder.")
+
+
+# -- drawing the open samples more often ----------------------------------------------------------
+
+SAMPLERS = ("stream", "pass_rate")
+"""`train(sampler=...)`: "stream" plays every sample in stream order; "pass_rate" skips samples
+it has seen solved, most of the time (`PassRates`)."""
+
+
+class PassRates:
+    """Which samples are solved, from the groups played on them; solved ones are skipped.
+
+    A sample is known by the hash of its JSON text (a sample that is not plain JSON is never
+    skipped). After each group on it, its pass rate moves halfway towards the group's share
+    of episodes at the policy's best reward (an average that forgets: the policy changes).
+    A sample is then played with probability max(floor, 1 - pass rate): one never solved
+    always, one solved every time in `floor` of its draws, so none is starved and a sample
+    that is forgotten again is seen. Where the stream's samples repeat (a generator over a
+    small space, epochs of a dataset), the groups played are the ones with something left to
+    learn; where they do not repeat, nothing is ever skipped.
+
+    Args:
+        floor: the smallest probability of playing a sample (0 < floor <= 1).
+        seed: seed of the skip decisions.
+        memory: samples remembered at most (the least recently updated are forgotten).
+    """
+
+    def __init__(self, floor: float = 0.1, seed: int = 0, memory: int = 100_000):
+        if not 0 < floor <= 1:
+            raise ValueError(f"the pass-rate sampler's floor must be in (0, 1], got {floor!r}")
+        self.floor, self.memory = floor, memory
+        self._rates: dict[str, float] = {}
+        self._rng = random.Random(seed)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+    @staticmethod
+    def key(sample: Mapping[str, Any]) -> str | None:
+        """The sample's identity (a hash of its JSON text), or None when it is not JSON."""
+        try:
+            text = json.dumps(dict(sample), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+        return xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
+
+    def rate(self, key: str | None) -> float:
+        """The sample's pass rate (0 for one never played)."""
+        return self._rates.get(key, 0.0) if key is not None else 0.0
+
+    def record(self, key: str | None, share: float) -> None:
+        """A group on sample `key` had `share` of its episodes at the best reward."""
+        if key is None:
+            return
+        old = self._rates.pop(key, share)  # re-inserted last: the dict's order is recency
+        self._rates[key] = (old + share) / 2
+        if len(self._rates) > self.memory:
+            del self._rates[next(iter(self._rates))]
+
+    def play(self, key: str | None) -> bool:
+        """Whether to play the sample now."""
+        return self._rng.random() < max(self.floor, 1.0 - self.rate(key))

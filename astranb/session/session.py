@@ -345,6 +345,7 @@ class Session:
         stall_seconds: float = STALL_SECONDS,
         max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES,
         stop_when_learned: bool = False,
+        sampler: str = "stream",
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -406,13 +407,19 @@ class Session:
                 max(64, 4 * batch_size / group_size) groups all tied, some at its best reward.
                 The event is recorded either way (`run.learned`, the dashboard, the waiting
                 cell).
+            sampler: "stream" plays every sample in stream order; "pass_rate" skips samples
+                whose recent groups were solved (all episodes at the best reward), most of the
+                time (a floor of 10% keeps each in play), so where samples repeat the
+                rollouts go to those with something left to learn; skipped ones are accounted
+                as dropped, "solved". Its training reward then reads lower than the policy's
+                (it plays the harder samples): judge it by held-out evaluation.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         self._context.check_open()
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode,
-                           stall_seconds, max_gen_batches, stop_when_learned)
+                           stall_seconds, max_gen_batches, stop_when_learned, sampler)
         if autoscale is not None and self._context.pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")
