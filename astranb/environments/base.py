@@ -37,7 +37,7 @@ import anyio
 from ..chat import schemas_of
 from ..errors import EpisodeTruncated
 from ..types import Generation, GenerationRequest, SamplingParams, ToolCall, Turn, jsonable
-from .conversation import ChatMessage, Conversations, ToolOutcome, completion_text
+from .conversation import REBUILT, ChatMessage, Conversations, ToolOutcome, completion_text
 
 if TYPE_CHECKING:
     from ..contracts import PolicyHandle
@@ -140,6 +140,11 @@ class EpisodeContext:
         self.counts: dict[str, int] = {} if parent is None else root.counts
         """What `count` counted (shared by the tree)."""
         self._conversations = Conversations()
+        self.truncation: EpisodeTruncated | None = None
+        """Set when a turn asked for through the OpenAI endpoint hit the context or the token
+        budget (the agent saw an error); the episode then ends as truncated (root only)."""
+        self._bindings: dict[tuple[str, str], Any] = {}  # (agent, role) -> endpoint (root only)
+        self._clients: dict[tuple[str, str], Any] = {}  # (agent, role) -> client (root only)
         self._sampled = 0  # tokens sampled so far (the episode's token budget; root only)
         self._children = 0  # sub-agents spawned so far (numbers their paths)
 
@@ -209,10 +214,7 @@ class EpisodeContext:
 
         tokenizer = self.tokenizer(role)
         schemas = schemas_of(tools)
-        fallbacks = self._conversations.fallbacks
-        prompt_ids = self._conversations.prompt_ids(tokenizer, messages, schemas)
-        # counted on every turn (0 or 1), so runs report the column from the first row
-        self.count("retokenized", self._conversations.fallbacks - fallbacks)
+        prompt_ids = self._chat_prompt(role, messages, schemas, REBUILT)
         generation = await self.generate(role, prompt_ids, **sampling)
         text = completion_text(tokenizer, generation)
         messages.append({"role": "assistant", "content": text})
@@ -222,6 +224,87 @@ class EpisodeContext:
             self.count("malformed_tool_calls", len(parsed.errors))
         return ChatMessage(parsed.content, parsed.reasoning, parsed.tool_calls, parsed.errors,
                            text, generation)
+
+    def openai_base_url(self, role: str) -> str:
+        """The base URL of an OpenAI-compatible endpoint for `role`, live until the episode ends.
+
+        For agent code that builds its own client (any `api_key` will do: the token is in the
+        URL). `chat.completions.create` calls on it are turns of this episode, recorded as
+        `ctx.chat` records them; see `astranb.environments.openai_endpoint`.
+        """
+        return self._endpoint(role).base_url
+
+    def openai_client(self, role: str, **options: Any) -> Any:
+        """An `openai.AsyncOpenAI` client whose calls sample from the policy wired to `role`.
+
+        Every `chat.completions.create` call is a turn of this episode, recorded as `ctx.chat`
+        records them (token ids as sampled, logprobs, versions, tool calls parsed into the
+        answer's `tool_calls`), and a conversation's tokens are kept across calls when each
+        request extends the previous one with the returned message. The client is closed when
+        the episode ends; later calls fail at once.
+
+        Args:
+            role: one of the environment's roles.
+            **options: passed to `openai.AsyncOpenAI` (`timeout`, ...); `max_retries`
+                defaults to 0 (a refused request is the agent's to see, not to repeat).
+
+        Raises:
+            ImportError: the `openai` package is not installed (`pip install astranb[openai]`).
+
+        Example:
+            client = ctx.openai_client("agent")
+            reply = await client.chat.completions.create(model="agent", messages=messages)
+        """
+        clients, key = self._root._clients, (self.agent, role)
+        if key not in clients:
+            try:
+                from openai import AsyncOpenAI
+            except ImportError as missing:
+                raise ImportError("ctx.openai_client needs the openai package: pip install "
+                                  "'astranb[openai]' (or use ctx.openai_base_url)") from missing
+            options.setdefault("max_retries", 0)
+            clients[key] = AsyncOpenAI(base_url=self.openai_base_url(role),
+                                       api_key="astranb-episode", **options)
+        return clients[key]
+
+    async def aclose(self) -> None:
+        """Close what the episode opened: its OpenAI endpoints and clients (play_episode calls
+        it when the episode ends; later calls to the endpoints get HTTP 410)."""
+        from .openai_endpoint import endpoints
+
+        root = self._root
+        for binding in root._bindings.values():
+            endpoints.close(binding)
+        root._bindings.clear()
+        clients, root._clients = list(root._clients.values()), {}
+        with anyio.CancelScope(shield=True):
+            for client in clients:
+                await client.close()
+
+    def _endpoint(self, role: str) -> Any:
+        from .openai_endpoint import endpoints
+
+        self._policy(role)  # a clear error for a role that is not wired
+        bindings, key = self._root._bindings, (self.agent, role)
+        if key not in bindings:  # a sub-agent's turns are its own (its path, its conversations)
+            bindings[key] = endpoints.open(self, role)
+        return bindings[key]
+
+    def _chat_prompt(self, role: str, messages: list[dict[str, Any]],
+                     schemas: Sequence[Mapping[str, Any]], warning: str) -> tuple[int, ...]:
+        """The next prompt of a conversation (ids kept across turns), counting `retokenized`."""
+        fallbacks = self._conversations.fallbacks
+        prompt_ids = self._conversations.prompt_ids(self.tokenizer(role), messages, schemas,
+                                                    warning)
+        # counted on every turn (0 or 1), so runs report the column from the first row
+        self.count("retokenized", self._conversations.fallbacks - fallbacks)
+        return prompt_ids
+
+    def _truncate(self, cut: EpisodeTruncated) -> None:
+        """Remember that a turn the agent asked for through its endpoint hit the context or the
+        budget: the episode ends as truncated even if the agent went on."""
+        if self._root.truncation is None:
+            self._root.truncation = cut
 
     async def run_tools(
         self,

@@ -116,8 +116,10 @@ class Conversations:
     """Of those, turns whose conversation the environment changed (see `REBUILT`)."""
 
     def prompt_ids(self, tokenizer: Any, messages: list[dict[str, Any]],
-                   schemas: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
-        """The next prompt of `messages`: the kept ids plus the tokens of what was added."""
+                   schemas: Sequence[Mapping[str, Any]], warning: str = REBUILT
+                   ) -> tuple[int, ...]:
+        """The next prompt of `messages`: the kept ids plus the tokens of what was added
+        (`warning`: what to warn with when the caller changed the conversation's history)."""
         text = render(tokenizer, messages, schemas)
         tools = repr(schemas)
         state = self._continued(messages, tools)
@@ -129,7 +131,7 @@ class Conversations:
         elif self._changed(messages, tools):
             self.fallbacks += 1
             self.rebuilt += 1
-            warnings.warn(REBUILT, RuntimeWarning, stacklevel=3)
+            warnings.warn(warning, RuntimeWarning, stacklevel=4)
         return encode(tokenizer, text)
 
     def keep(self, messages: list[dict[str, Any]], schemas: Sequence[Mapping[str, Any]],

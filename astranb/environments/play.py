@@ -48,7 +48,10 @@ async def play_episode(
     ctx = context if context is not None else EpisodeContext(env, wiring)
     truncated = None
     try:
-        rewards, error = env.rewards_for(await env.episode(ctx, sample)), None
+        result = await env.episode(ctx, sample)
+        if ctx.truncation is not None:  # the agent's endpoint call hit a limit
+            raise ctx.truncation
+        rewards, error = env.rewards_for(result), None
     except anyio.get_cancelled_exc_class():
         raise
     except reraise:
@@ -58,5 +61,10 @@ async def play_episode(
         rewards = env.rewards_for(env.truncated_reward)
     except Exception:
         rewards, error = {}, traceback.format_exc()
+        if ctx.truncation is not None:  # the agent raised the error its endpoint call got
+            truncated, error = ctx.truncation.reason, None
+            rewards = env.rewards_for(env.truncated_reward)
+    finally:
+        await ctx.aclose()
     return Trajectory(sample, tuple(ctx.turns), rewards, group, error, started_version, id,
                       tuple(ctx.tool_calls), env.name, truncated, dict(ctx.counts))
