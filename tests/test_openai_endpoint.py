@@ -105,7 +105,7 @@ def test_anything_not_on_loopback_is_refused():
     far, rebound = asyncio.run(probe())
     assert far.status_code == 403 and "loopback" in _error(far)["message"]
     assert rebound.status_code == 403  # a Host that is not loopback (DNS rebinding)
-    assert endpoints._serve().startswith("http://127.0.0.1:")  # listens on loopback
+    assert endpoints.start().startswith("http://127.0.0.1:")  # listens on loopback
 
 
 @pytest.mark.parametrize(("options", "param"), [

@@ -236,7 +236,7 @@ class Endpoints:
 
     def open(self, ctx: EpisodeContext, role: str) -> Binding:
         """A binding of `role` of the episode `ctx`, serving from now until `close`."""
-        binding = Binding(ctx, role, self._serve())
+        binding = Binding(ctx, role, self.start())
         with self._lock:
             self._live[binding.token] = binding
         return binding
@@ -262,7 +262,7 @@ class Endpoints:
                          "ctx.openai_base_url(role) gave inside the episode", status=401,
                          code="invalid_api_key")
 
-    def _serve(self) -> str:
+    def start(self) -> str:
         """The server's base URL, started on first use."""
         with self._lock:
             if self._base is None:
