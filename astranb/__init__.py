@@ -18,7 +18,7 @@ side, the run layer (`astranb.session`), then the service apps and the notebook 
 """
 
 from . import chat, data, environments, models, weights
-from .algorithms import GRPO, M2PO, Algorithm
+from .algorithms import CISPO, DAPO, GRPO, GSPO, M2PO, RLOO, Algorithm, DrGRPO, ReinforcePP
 from .contracts import Engine, Publisher, Trainer
 from .data import DataSource
 from .dataflow.config import RunConfig
@@ -66,7 +66,8 @@ __all__ = [
     "Environment", "EpisodeContext", "play_episode", "ChatMessage", "ToolOutcome", "DataSource",
     "SamplingParams", "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory",
     # algorithms, training and the contracts
-    "GRPO", "M2PO", "Algorithm", "AdamWConfig", "LocalTrainer", "Trainer", "Engine", "Publisher",
+    "GRPO", "M2PO", "DrGRPO", "DAPO", "GSPO", "CISPO", "RLOO", "ReinforcePP", "Algorithm",
+    "AdamWConfig", "LocalTrainer", "Trainer", "Engine", "Publisher",
     "WeightUpdate",
     # debugging (the notebook UI, imported on first use)
     "debug", "EpisodeDebugger",

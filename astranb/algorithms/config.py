@@ -21,15 +21,15 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import torch
 
-from .advantages import group_advantages
+from .base import Algorithm, _check_bool, _check_entropy, _check_number
 from .losses import logp_gradient_loss, ppo_clip_loss
 from .m2po import m2po_loss
+from .zoo import ZOO
 
 __all__ = [
     "Algorithm",
@@ -42,34 +42,6 @@ __all__ = [
     "algorithm_reference",
     "travels_as_config",
 ]
-
-
-def _check_bool(algorithm: str, field: str, value: object) -> None:
-    """Reject non-bool flags (a string such as "no" would otherwise read as True).
-
-    Args:
-        algorithm: class name, for the message.
-        field: field name, for the message.
-        value: the value given.
-    """
-    if not isinstance(value, bool):
-        raise TypeError(f"{algorithm} {field} must be True or False, got {value!r}")
-
-
-def _check_number(algorithm: str, field: str, value: object) -> float:
-    """Reject values that are not real numbers (bools included).
-
-    Args:
-        algorithm: class name, for the message.
-        field: field name, for the message.
-        value: the value given.
-
-    Returns:
-        The value as a float.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{algorithm} {field} must be a number, got {value!r}")
-    return float(value)
 
 
 def _check_clip(field: str, value: object) -> None:
@@ -85,67 +57,6 @@ def _check_clip(field: str, value: object) -> None:
             f"GRPO {field} must be in (0, 1), got {value!r}: it is a fraction of the ratio "
             f"(the ratio is clipped to [1 - clip_low, 1 + clip_high]); use e.g. {field}=0.2"
         )
-
-
-def _check_entropy(algorithm: str, value: object) -> None:
-    """The entropy bonus weight must be a finite number >= 0."""
-    number = _check_number(algorithm, "entropy_coef", value)
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(
-            f"{algorithm} entropy_coef must be >= 0, got {value!r}; 0 disables the bonus, "
-            "0.01-0.05 keeps a tiny model exploring"
-        )
-
-
-class Algorithm(ABC):
-    """What every algorithm config offers the trainer: advantages, a token loss, and a name.
-
-    Subclasses are frozen dataclasses with at least the fields `normalize_std`, `filter_groups`
-    and `entropy_coef`.
-    """
-
-    normalize_std: bool
-    filter_groups: bool
-    entropy_coef: float
-
-    @property
-    @abstractmethod
-    def name(self) -> str:
-        """Short lower-case name, used in logs and metric keys."""
-
-    @abstractmethod
-    def loss(
-        self,
-        logp_B_T: torch.Tensor,
-        old_logp_B_T: torch.Tensor,
-        adv_B_T: torch.Tensor,
-        mask_B_T: torch.Tensor,
-        num_tokens: int | float | torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The token-mean policy loss and its metrics.
-
-        Args:
-            logp_B_T: logprobs of the sampled tokens under the policy being trained.
-            old_logp_B_T: logprobs under the policy that sampled them.
-            adv_B_T: advantage of each token.
-            mask_B_T: 1 on trained tokens.
-            num_tokens: denominator of the token mean (the minibatch's token count when the
-                minibatch is split into micro-batches); defaults to mask_B_T.sum().
-
-        Returns:
-            (loss, metrics): a scalar tensor and a dict of python floats.
-        """
-
-    def advantages(self, rewards_G_N: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages of a [groups, samples] reward table.
-
-        Args:
-            rewards_G_N: reward of sample n of group g.
-
-        Returns:
-            adv_G_N: (r - group mean), divided by (group std + eps) when normalize_std is True.
-        """
-        return group_advantages(rewards_G_N, normalize_std=self.normalize_std)
 
 
 @dataclass(frozen=True)
@@ -291,6 +202,11 @@ class LogpGradient(Algorithm):
 _KINDS: dict[str, type[Algorithm]] = {"grpo": GRPO, "m2po": M2PO, "logp_gradient": LogpGradient}
 
 
+def _kinds() -> dict[str, type[Algorithm]]:
+    """Every config that travels as JSON, by name: the ones above and the zoo's."""
+    return {**_KINDS, **ZOO}
+
+
 class CodeNotAllowed(ValueError):
     """An algorithm given by reference (`module:qualname`) to a process that imports no code."""
 
@@ -301,7 +217,7 @@ def travels_as_config(algorithm: Algorithm) -> bool:
     Any other Algorithm (a loss written in a notebook cell) trains in another process only by
     running its loss in the caller (training/caller_loss.py) or, where the trainer imports code,
     by reference (`algorithm_reference`)."""
-    return _KINDS.get(str(getattr(algorithm, "name", ""))) is type(algorithm)
+    return _kinds().get(str(getattr(algorithm, "name", ""))) is type(algorithm)
 
 
 def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
@@ -319,7 +235,8 @@ def algorithm_to_dict(algorithm: Algorithm) -> dict[str, Any]:
     """
     if not travels_as_config(algorithm):
         raise TypeError(
-            f"{algorithm!r} is not one of astranb's algorithm configs ({', '.join(sorted(_KINDS))})"
+            f"{algorithm!r} is not one of astranb's algorithm configs "
+            f"({', '.join(sorted(_kinds()))})"
             ", so it cannot be described as JSON; trainers in other processes run its loss in "
             "the caller instead (training/caller_loss.py)"
         )
@@ -385,9 +302,10 @@ def algorithm_from_dict(data: dict[str, Any], *, allow_import: bool = False) -> 
         if not (isinstance(cls, type) and issubclass(cls, Algorithm) and is_dataclass(cls)):
             raise ValueError(f"{ref!r} is not an Algorithm dataclass")
         return cls(**dict(data.get("fields") or {}))
-    if kind not in _KINDS:
-        raise ValueError(f"unknown algorithm kind {kind!r}; expected one of {sorted(_KINDS)}")
-    cls = _KINDS[kind]
+    kinds = _kinds()
+    if kind not in kinds:
+        raise ValueError(f"unknown algorithm kind {kind!r}; expected one of {sorted(kinds)}")
+    cls = kinds[kind]
     unknown = set(data) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
     if unknown:
         raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}")

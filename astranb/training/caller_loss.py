@@ -34,6 +34,7 @@ import torch
 from ..algorithms import Algorithm
 from ..algorithms.config import LogpGradient, travels_as_config
 from ..types import Batch
+from .local import step_advantages
 
 __all__ = ["runs_in_caller", "trainer_algorithm", "gradient_batch", "merged_metrics"]
 
@@ -65,6 +66,7 @@ def gradient_batch(algorithm: Algorithm, batch: Batch,
         (batch with advantages_B_T = dloss/dlogp, 0 off the trained tokens;
          {"loss": the loss's value, **its metrics}).
     """
+    batch = step_advantages(algorithm, batch)
     mask_B_T = batch.loss_mask_B_T
     leaf_B_T = logp_B_T.detach().to(batch.old_logp_B_T.dtype).clone().requires_grad_(True)
     loss, metrics = algorithm.loss(leaf_B_T, batch.old_logp_B_T, batch.advantages_B_T, mask_B_T,

@@ -91,6 +91,7 @@ from .local import (
     micro_batches,
     optimizer_state_from_tensors,
     optimizer_state_to_tensors,
+    step_advantages,
     token_logprobs,
 )
 
@@ -167,6 +168,7 @@ class _Replica:
     def step(self, command: Command) -> dict[str, float]:
         policy = self.policies[command.args["name"]]
         batch = Batch(**{k: v.to(self.device) for k, v in command.tensors.items()})
+        batch = step_advantages(policy.algorithm, batch)
         num_tokens = max(batch.num_tokens, 1)
         own, missing = _share(batch.size, self.rank, self.world, policy.micro_batch_size)
         policy.optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -122,6 +122,13 @@ def rows_per_pass(tokens: int, vocab_size: int, budget: int = LOGITS_BUDGET) -> 
 def micro_batches(start: int, stop: int, size: int) -> list[slice]:
     """Row slices of at most `size` rows covering [start, stop)."""
     return [slice(i, min(i + size, stop)) for i in range(start, stop, size)]
+
+
+def step_advantages(algorithm: Algorithm, batch: Batch) -> Batch:
+    """The batch with the advantages its whole step trains on (`Algorithm.batch_advantages`,
+    e.g. REINFORCE++'s batch normalisation), taken before the batch is split into micro-batches."""
+    adv_B_T = algorithm.batch_advantages(batch.advantages_B_T, batch.loss_mask_B_T)
+    return batch if adv_B_T is batch.advantages_B_T else replace(batch, advantages_B_T=adv_B_T)
 
 
 def backward_micro_batches(
@@ -244,7 +251,7 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1."""
-        batch = _to(batch, self.device)
+        batch = step_advantages(self.algorithm, _to(batch, self.device))
         num_tokens = max(batch.num_tokens, 1)
         self.optimizer.zero_grad(set_to_none=True)
         rows = micro_batches(0, batch.size, self._rows_per_pass(batch))
