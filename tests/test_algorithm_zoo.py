@@ -323,8 +323,8 @@ def test_a_loss_with_truncated_is():
     adv_B_T = t([[1.0, 1.0]])
     mask_B_T = t([[1, 1]])
     w = [math.exp(0.5), math.exp(-1.0)]
-    for config in (ab.DAPO(tis_cap=2.0), ab.DrGRPO(tis_cap=2.0, max_tokens=2), ab.CISPO(
-            tis_cap=2.0)):
+    for config in (ab.GRPO(tis_cap=2.0), ab.DAPO(tis_cap=2.0), ab.DrGRPO(tis_cap=2.0, max_tokens=2),
+                   ab.CISPO(tis_cap=2.0)):
         loss, metrics = config.loss(logp_B_T, engine_B_T, adv_B_T, mask_B_T)
         if isinstance(config, ab.CISPO):  # -1 * w * A * logp: -(1.6487 * -1 + 0.3679 * -2) / 2
             assert num(loss) == pytest.approx((w[0] + 2 * w[1]) / 2)
@@ -376,7 +376,7 @@ def test_defaults_come_from_the_papers():
                                            "reinforce_pp"]
 
 
-@pytest.mark.parametrize("cls", ZOO)
+@pytest.mark.parametrize("cls", [*ZOO, ab.GRPO])
 def test_zoo_configs_travel_as_json(cls):
     config = cls(entropy_coef=0.01, tis_cap=2.0, tis_level="sequence")
     assert travels_as_config(config)
@@ -441,7 +441,7 @@ def test_losses_match_trls_on_the_same_tensors(tmp_path):
     """TRL 1.16's own code, run in bench/.venv-trl on the tensors written here:
     `GRPOTrainer._compute_loss` with loss_type "bnpo" (GRPO's token mean), "dapo", "dr_grpo",
     "cispo", "grpo" with importance_sampling_level "sequence" (GSPO), "bnpo" with beta 0.04 (the
-    k3 KL in the loss), "dapo" with the vLLM importance-sampling correction (the weights fed in:
+    k3 KL in the loss), "dapo" and "bnpo" with the vLLM importance-sampling correction (weights:
     TRL computes them in its generation step, checked by hand above), and
     `RLOOTrainer._compute_loss` (RLOO's sequence ratio). tests/trl_zoo_runner.py calls them on a
     stand-in trainer whose `_get_per_token_logps_and_entropies` returns these logprobs."""
@@ -466,6 +466,8 @@ def test_losses_match_trls_on_the_same_tensors(tmp_path):
         ("kl", base, {**grpo, "beta": 0.04}, ab.GRPO(), {"kl": 0.04}),
         ("tis", base, {"loss_type": "dapo", "epsilon_high": 0.28, "use_vllm": True,
                        "vllm_importance_sampling_correction": True}, ab.DAPO(tis_cap=2.0), {}),
+        ("grpo_tis", base, {**grpo, "use_vllm": True, "vllm_importance_sampling_correction": True},
+         ab.GRPO(tis_cap=2.0), {}),
         ("rloo", base, {}, ab.RLOO(), {}),
     ]
     specs = []
@@ -474,8 +476,8 @@ def test_losses_match_trls_on_the_same_tensors(tmp_path):
         files.update({f"{name}.{key}": value.clone() for key, value in tensors.items()})
         spec = {"name": name, "trainer": "rloo" if name == "rloo" else "grpo",
                 "settings": settings, "ref": "kl" in extra, "prefix": name}
-        if name == "tis":
-            files["tis.is_ratio"] = is_ratio
+        if name in ("tis", "grpo_tis"):
+            files[f"{name}.is_ratio"] = is_ratio.clone()
             spec.update(is_ratio=True, old_is_current=True)
         specs.append(spec)
     save_file(files, tmp_path / "tensors.safetensors")
@@ -500,3 +502,50 @@ def test_losses_match_trls_on_the_same_tensors(tmp_path):
                                     (base, ab.GRPO(), "clip_frac")]:
         _, metrics = algorithm.loss(tensors["logp"], tensors["old_logp"], adv_B_T, tensors["mask"])
         assert metrics[key] > 0, algorithm
+
+
+# --------------------------------------------------------------------------- in the trainer
+
+
+def trainer_batch(algorithm):
+    from astranb.dataflow.batcher import build_batch
+    from tests.test_dataflow import group
+
+    # four answers of 3, 1, 2 and 3 tokens; rewards 1, 0, 0.5, 0
+    return build_batch([group(0, [(0, 0, 0), (0,), (0, 0), (0, 0, 0)], [1.0, 0.0, 0.5, 0.0])],
+                       "p", algorithm, pad_id=0)
+
+
+@pytest.mark.parametrize("algorithm", [cls() for cls in ZOO] + [
+    ab.DAPO(tis_cap=2.0), ab.GSPO(tis_cap=2.0, tis_level="sequence"), ab.CISPO(entropy_coef=0.01)],
+    ids=lambda a: repr(a)[:40])
+def test_each_config_takes_a_trainer_step(algorithm):
+    from astranb.training.local import LocalTrainer
+
+    spec = ab.models.tiny(hidden_size=32, num_heads=2)
+    trainer = LocalTrainer(spec, algorithm, ab.AdamWConfig(lr=1e-2))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    metrics = trainer.step(trainer_batch(algorithm))
+    assert trainer.version == 1 and math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                       strict=True))
+    assert moved
+
+
+@pytest.mark.parametrize("algorithm", [ab.DAPO(), ab.CISPO(), ab.ReinforcePP(),
+                                       ab.DAPO(tis_cap=2.0, tis_level="sequence")],
+                         ids=lambda a: a.name)
+def test_token_mean_losses_give_the_same_step_in_micro_batches(algorithm):
+    # REINFORCE++ included: its batch normalisation happens before the split (a one-row
+    # micro-batch alone would whiten to zeros and not move the model)
+    from astranb.training.local import LocalTrainer
+
+    spec = ab.models.tiny(hidden_size=32, num_heads=2)
+    batch = trainer_batch(algorithm)
+    whole = LocalTrainer(spec, algorithm, micro_batch_size=4)
+    parts = LocalTrainer(spec, algorithm, micro_batch_size=1)
+    m1, m2 = whole.step(batch), parts.step(batch)
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    for (name, a), b in zip(whole.model.named_parameters(), parts.model.parameters(),
+                            strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from .advantages import group_advantages
+from .corrections import TIS_LEVELS
 
 __all__ = ["Algorithm"]
 
@@ -50,6 +51,18 @@ def _check_entropy(algorithm: str, value: object) -> None:
             f"{algorithm} entropy_coef must be >= 0, got {value!r}; 0 disables the bonus, "
             "0.01-0.05 keeps a tiny model exploring"
         )
+
+
+def _check_tis(algorithm: str, cap: object, level: object) -> None:
+    """Truncated importance sampling's cap is None (off) or a finite number >= 1; its level is
+    "token" or "sequence"."""
+    if cap is not None:
+        number = _check_number(algorithm, "tis_cap", cap)
+        if not (math.isfinite(number) and number >= 1):
+            raise ValueError(f"{algorithm} tis_cap must be a finite number >= 1 or None, got "
+                             f"{cap!r}; the paper's cap is 2")
+    if level not in TIS_LEVELS:
+        raise ValueError(f"{algorithm} tis_level must be one of {TIS_LEVELS}, got {level!r}")
 
 
 class Algorithm(ABC):

@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 
-from .base import Algorithm, _check_bool, _check_entropy, _check_number
+from .base import Algorithm, _check_bool, _check_entropy, _check_number, _check_tis
+from .corrections import truncation
 from .losses import logp_gradient_loss, ppo_clip_loss
 from .m2po import m2po_loss
+from .surrogates import clipped_surrogate_loss
 from .zoo import ZOO
 
 __all__ = [
@@ -74,6 +76,11 @@ class GRPO(Algorithm):
     entropy_coef: float = 0.0
     """Weight of an entropy bonus (token mean of the policy's entropy, subtracted from the loss).
     Keeps exploration alive when a small model would otherwise collapse onto one answer."""
+    tis_cap: float | None = None
+    """Truncated importance sampling's cap C for the engine/trainer mismatch (Yao et al. 2025
+    use 2; see algorithms/corrections.py); None: off, the ratio is to the engine's logprobs."""
+    tis_level: str = "token"
+    """"token": one truncated weight per token; "sequence": one per sequence."""
 
     def __post_init__(self) -> None:
         _check_clip("clip_low", self.clip_low)
@@ -81,6 +88,7 @@ class GRPO(Algorithm):
         _check_bool("GRPO", "normalize_std", self.normalize_std)
         _check_bool("GRPO", "filter_groups", self.filter_groups)
         _check_entropy("GRPO", self.entropy_coef)
+        _check_tis("GRPO", self.tis_cap, self.tis_level)
 
     @property
     def name(self) -> str:
@@ -94,16 +102,17 @@ class GRPO(Algorithm):
         mask_B_T: torch.Tensor,
         num_tokens: int | float | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """PPO clipped surrogate; see `ppo_clip_loss`."""
-        return ppo_clip_loss(
-            logp_B_T,
-            old_logp_B_T,
-            adv_B_T,
-            mask_B_T,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            num_tokens=num_tokens,
-        )
+        """PPO clipped surrogate; see `ppo_clip_loss` (times truncated IS weights with tis_cap)."""
+        if self.tis_cap is None:
+            return ppo_clip_loss(logp_B_T, old_logp_B_T, adv_B_T, mask_B_T,
+                                 clip_low=self.clip_low, clip_high=self.clip_high,
+                                 num_tokens=num_tokens)
+        old_B_T, weight_B_T, extra = truncation(logp_B_T, old_logp_B_T, mask_B_T, self.tis_cap,
+                                                self.tis_level)
+        loss, metrics = clipped_surrogate_loss(logp_B_T, old_B_T, adv_B_T, mask_B_T,
+                                               clip_low=self.clip_low, clip_high=self.clip_high,
+                                               weight_B_T=weight_B_T, num_tokens=num_tokens)
+        return loss, {**metrics, **extra}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ __all__ = [
     "TIS_LEVELS",
     "KL_ESTIMATORS",
     "truncated_is_weights",
+    "truncation",
     "kl_estimate",
     "kl_loss_term",
     "kl_reward_penalty",
@@ -77,6 +78,32 @@ def truncated_is_weights(
     if level == "sequence":
         log_w_B_T = log_w_B_T.sum(dim=1, keepdim=True).expand_as(log_w_B_T)
     return torch.where(trained_B_T, torch.exp(log_w_B_T).clamp(max=cap), 0.0)
+
+
+def truncation(
+    logp_B_T: torch.Tensor,
+    engine_logp_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    cap: float | None,
+    level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """What a loss with truncated IS trains against: (the logprobs its ratio is measured
+    against, the weights, their metrics).
+
+    With `cap` None: the engine's logprobs, no weights, no metrics (no correction). Otherwise
+    the trainer's own logprobs before the step (`logp_B_T.detach()`), `truncated_is_weights`
+    of those against the engine's, and {"tis_weight_mean", "tis_capped_frac"} over the trained
+    tokens.
+    """
+    if cap is None:
+        return engine_logp_B_T, None, {}
+    trainer_B_T = logp_B_T.detach()
+    weight_B_T = truncated_is_weights(trainer_B_T, engine_logp_B_T, mask_B_T, cap=cap,
+                                      level=level)
+    capped_B_T = (weight_B_T >= cap).to(weight_B_T.dtype)
+    metrics = {"tis_weight_mean": float(token_mean(weight_B_T, mask_B_T)),
+               "tis_capped_frac": float(token_mean(capped_B_T, mask_B_T))}
+    return trainer_B_T, weight_B_T, metrics
 
 
 def kl_estimate(

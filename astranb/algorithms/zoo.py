@@ -35,9 +35,8 @@ from .advantages import (
     overlong_penalty,
     whiten,
 )
-from .base import Algorithm, _check_bool, _check_entropy, _check_number
-from .corrections import TIS_LEVELS, truncated_is_weights
-from .losses import token_mean
+from .base import Algorithm, _check_bool, _check_entropy, _check_number, _check_tis
+from .corrections import truncation
 from .surrogates import cispo_loss, clipped_surrogate_loss
 
 __all__ = ["DrGRPO", "DAPO", "GSPO", "CISPO", "RLOO", "ReinforcePP", "ZOO"]
@@ -79,27 +78,12 @@ class _Zoo(Algorithm):
         _check_entropy(kind, self.entropy_coef)
         _check_bool(kind, "normalize_std", self.normalize_std)
         _check_bool(kind, "filter_groups", self.filter_groups)
-        if self.tis_cap is not None:
-            cap = _check_number(kind, "tis_cap", self.tis_cap)
-            if not (math.isfinite(cap) and cap >= 1):
-                raise ValueError(f"{kind} tis_cap must be a finite number >= 1 or None, got "
-                                 f"{self.tis_cap!r}; the paper's cap is 2")
-        if self.tis_level not in TIS_LEVELS:
-            raise ValueError(f"{kind} tis_level must be one of {TIS_LEVELS}, "
-                             f"got {self.tis_level!r}")
+        _check_tis(kind, self.tis_cap, self.tis_level)
 
-    def _corrected(self, logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor,
-                   mask_B_T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, Metrics]:
+    def _corrected(self, logp_B_T: Tensor, old_logp_B_T: Tensor,
+                   mask_B_T: Tensor) -> tuple[Tensor, Tensor | None, Metrics]:
         """(logprobs the ratio is measured against, truncated IS weights or None, their metrics)."""
-        if self.tis_cap is None:
-            return old_logp_B_T, None, {}
-        trainer_B_T = logp_B_T.detach()
-        weight_B_T = truncated_is_weights(trainer_B_T, old_logp_B_T, mask_B_T,
-                                          cap=self.tis_cap, level=self.tis_level)
-        capped_B_T = (weight_B_T >= self.tis_cap).to(weight_B_T.dtype)
-        metrics = {"tis_weight_mean": float(token_mean(weight_B_T, mask_B_T)),
-                   "tis_capped_frac": float(token_mean(capped_B_T, mask_B_T))}
-        return trainer_B_T, weight_B_T, metrics
+        return truncation(logp_B_T, old_logp_B_T, mask_B_T, self.tis_cap, self.tis_level)
 
     def _surrogate(self, logp_B_T: Tensor, old_logp_B_T: Tensor, adv_B_T: Tensor,
                    mask_B_T: Tensor, num_tokens: Count, *, clip: tuple[float, float],
