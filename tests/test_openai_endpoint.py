@@ -452,3 +452,100 @@ def test_stop_ends_the_returned_text_before_the_stop_token(tokenizer):
     assert traj.ok, traj.error
     assert seen["answer"].choices[0].message.content == "a"
     assert tokenizer.decode(list(traj.turns[0].generation.completion_ids)) == "a."
+
+
+class OpenAIToolAgent(ab.Environment):
+    """ChatTool's episode written against the OpenAI client: a call, the tool's result sent
+    back, a second call; the reward is whether the reply holds the sum."""
+
+    roles = ("agent",)
+    sampling = ab.SamplingParams(max_new_tokens=8)
+
+    def samples(self, seed=0):
+        a = 1
+        while True:
+            a = a % 9 + 1
+            yield {"a": a, "b": 10 - a}
+
+    async def episode(self, ctx, sample):
+        client = ctx.openai_client("agent")
+        messages = [{"role": "user", "content": f"What is {sample['a']} + {sample['b']}?"}]
+        first = await client.chat.completions.create(model="agent", messages=messages,
+                                                     tools=[ADD])
+        messages.append(first.choices[0].message)
+        messages.append({"role": "tool", "tool_call_id": "call_0_0", "content": "10"})
+        final = await client.chat.completions.create(model="agent", messages=messages,
+                                                     tools=[ADD])
+        text = final.choices[0].message.content or ""
+        return float("10" in text) + 0.01 * text.count("a")
+
+
+def test_a_session_trains_an_agent_written_against_the_openai_client(tmp_path):
+    """On the Session's own loop: every episode's two calls are two turns whose tokens chain,
+    and the policy trains on them."""
+    with ab.Session(tmp_path, trainer="thread") as session:
+        policy = session.policy("agent", ab.models.tiny_chat(),
+                                algorithm=ab.GRPO(filter_groups=False))
+        session.wire(OpenAIToolAgent(), agent=policy)
+        run = session.train(steps=2, batch_size=4, group_size=2, max_staleness=1)
+        run.wait(progress=False)
+        episodes = [e for e in run.episodes if e.error is None]
+        assert episodes and len(episodes) == len(run.episodes)
+        for episode in episodes:
+            first, second = episode.turns
+            kept = first["prompt_ids"] + first["completion_ids"]
+            assert second["prompt_ids"][: len(kept)] == kept
+        assert run.metrics["count/retokenized"].sum() == 0
+        assert len(run.metrics) == 2
+
+
+def test_an_engine_that_fails_is_a_500_with_its_message(tokenizer):
+    class Broken:
+        async def generate(self, request):
+            raise RuntimeError("the decode thread died")
+
+    seen = {}
+
+    async def body(ctx):
+        try:
+            await ctx.openai_client("agent").chat.completions.create(model="m", messages=USER)
+        except openai.InternalServerError as error:
+            seen["error"] = error
+        return 1.0
+
+    traj = _play(body, Broken(), tokenizer)
+    assert traj.ok, traj.error
+    assert "RuntimeError: the decode thread died" in seen["error"].message
+
+
+def test_text_completions_take_text_or_token_ids_and_stream_the_same(tokenizer):
+    seen = {}
+    ids = list(tokenizer.encode("2 + 3 ="))
+
+    async def body(ctx):
+        client = ctx.openai_client("agent")
+        seen["text"] = await client.completions.create(model="m", prompt="2 + 3 =", logprobs=0)
+        seen["ids"] = await client.completions.create(model="m", prompt=ids, max_tokens=4)
+        events = await client.completions.create(model="m", prompt=ids, stream=True)
+        seen["streamed"] = "".join([c.choices[0].text async for c in events if c.choices])
+        for options, name in (({"echo": True}, "echo"), ({"logprobs": 2}, "logprobs"),
+                              ({"prompt": ["a", "b"]}, "prompt")):
+            try:
+                await client.completions.create(**{"model": "m", "prompt": "x", **options})
+            except openai.BadRequestError as error:
+                seen[name] = error
+        return 1.0
+
+    engine = ScriptedEngine(tokenizer, [" 5", " 5", " 5"])
+    traj = _play(body, engine, tokenizer)
+    assert traj.ok, traj.error
+    text = seen["text"].choices[0]
+    assert text.text == " 5" and text.finish_reason == "stop"
+    assert text.logprobs.token_logprobs == list(traj.turns[0].generation.logprobs[:-1])
+    assert "".join(text.logprobs.tokens) == " 5"
+    assert traj.turns[1].generation.prompt_ids == tuple(ids)  # token ids in, as they are
+    assert traj.turns[0].generation.prompt_ids == tuple(ids)  # text: tokenized as ctx.generate
+    assert seen["streamed"] == seen["ids"].choices[0].text == " 5"
+    assert [t.generation.prompt_ids for t in traj.turns] == engine.consumed
+    for name in ("echo", "logprobs", "prompt"):
+        assert seen[name].body["param"] == name

@@ -19,16 +19,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BadRequest", "ChatRequest", "read_chat_request", "canonical", "template_message",
-           "error_body", "tool_call_json", "chunked", "MAX_N"]
+__all__ = ["BadRequest", "Sampled", "ChatRequest", "TextRequest", "read_chat_request",
+           "read_text_request", "canonical", "template_message", "error_body", "tool_call_json",
+           "chunked", "text_chunks", "CHAT", "TEXT", "MAX_N"]
 
 MAX_N = 16
 """Most choices one request may ask for (`n`)."""
 
-_SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop")
-_OTHER = ("model", "messages", "tools", "tool_choice", "n", "logprobs", "top_logprobs",
-          "stream", "stream_options")
-KNOWN = frozenset(_SAMPLING + _OTHER)
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "n", "stream",
+           "stream_options")
+CHAT = frozenset((*_COMMON, "messages", "tools", "tool_choice", "max_completion_tokens",
+                  "logprobs", "top_logprobs"))
+"""The parameters `chat.completions.create` may send."""
+TEXT = frozenset((*_COMMON, "prompt", "logprobs"))
+"""The parameters `completions.create` may send."""
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
           "tool": "tool"}
 
@@ -43,15 +47,9 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
-class ChatRequest:
-    """A checked chat-completions request."""
+class Sampled:
+    """What every request asks of sampling and of the answer's form."""
 
-    messages: tuple[Mapping[str, Any], ...]
-    """The conversation as sent."""
-    tools: tuple[Mapping[str, Any], ...]
-    """Function schemas (OpenAI's format, which the chat template takes as is)."""
-    parse_tools: bool
-    """Whether tool calls are read from the completion (tools given, tool_choice "auto")."""
     n: int
     """Choices to sample, each a turn of its own."""
     stream: bool
@@ -68,37 +66,88 @@ class ChatRequest:
     """The `model` the client named (echoed back; the role decides the policy)."""
 
 
+@dataclass(frozen=True)
+class ChatRequest(Sampled):
+    """A checked chat-completions request."""
+
+    messages: tuple[Mapping[str, Any], ...] = ()
+    """The conversation as sent."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """Function schemas (OpenAI's format, which the chat template takes as is)."""
+    parse_tools: bool = False
+    """Whether tool calls are read from the completion (tools given, tool_choice "auto")."""
+
+
+@dataclass(frozen=True)
+class TextRequest(Sampled):
+    """A checked (legacy) completions request."""
+
+    prompt: str | tuple[int, ...] = ""
+    """Text (tokenized as `ctx.generate` does) or token ids, sampled from as they are."""
+
+
 def read_chat_request(body: Any) -> ChatRequest:
-    """Check a decoded JSON body.
+    """Check a decoded chat-completions body.
 
     Raises:
         BadRequest: naming the first parameter that is missing, malformed or unsupported.
     """
-    if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, not {_kind(body)}")
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise BadRequest(f"unsupported parameter {unknown[0]!r}: this endpoint serves "
-                         f"{sorted(KNOWN)} and refuses the rest rather than ignore them",
-                         unknown[0], code="unsupported_parameter")
-    given = {k: v for k, v in body.items() if v is not None}  # null means "the default"
+    given = _given(body, CHAT)
     messages = _messages(given.get("messages"))
     tools = _tools(given.get("tools", []))
     choice = given.get("tool_choice", "auto")
     if choice not in ("auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not supported: the engine cannot force a "
                          "call; use 'auto' or 'none'", "tool_choice")
+    return ChatRequest(**_sampled(given, _bool(given, "logprobs", False)),
+                       messages=tuple(messages), tools=tuple(tools),
+                       parse_tools=bool(tools) and choice == "auto")
+
+
+def read_text_request(body: Any) -> TextRequest:
+    """Check a decoded completions body (`prompt`: a string, token ids, or a list of one)."""
+    given = _given(body, TEXT)
+    prompt = given.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise BadRequest("prompt must be a non-empty string or an array of token ids (one "
+                         "prompt per request)", "prompt")
+    logprobs = _int(given, "logprobs", 0, 0, 5) if "logprobs" in given else None
+    if logprobs:
+        raise BadRequest("logprobs > 0 asks for the most likely alternatives, which the engine "
+                         "does not report; logprobs=0 gives the sampled tokens' own", "logprobs")
+    return TextRequest(**_sampled(given, logprobs == 0), prompt=prompt)
+
+
+def _given(body: Any, known: frozenset[str]) -> dict[str, Any]:
+    """The body's parameters that are not null (null means "the default"), all known."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {_kind(body)}")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise BadRequest(f"unsupported parameter {unknown[0]!r}: this endpoint serves "
+                         f"{sorted(known)} and refuses the rest rather than ignore them",
+                         unknown[0], code="unsupported_parameter")
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _sampled(given: Mapping[str, Any], logprobs: bool) -> dict[str, Any]:
     stream = _bool(given, "stream", False)
     options = given.get("stream_options", {})
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise BadRequest("stream_options may hold only include_usage (a boolean)",
                          "stream_options")
-    return ChatRequest(
-        messages=tuple(messages), tools=tuple(tools), parse_tools=bool(tools) and choice == "auto",
-        n=_int(given, "n", 1, 1, MAX_N), stream=stream,
-        include_usage=stream and _bool(options, "include_usage", False),
-        logprobs=_logprobs(given), stop=_stop(given.get("stop", [])),
-        sampling=_sampling(given), model=str(given.get("model", "")))
+    if _int(given, "top_logprobs", 0, 0, 20):
+        raise BadRequest("top_logprobs > 0 is not supported: the engine reports the sampled "
+                         "token's logprob only (logprobs=true gives it)", "top_logprobs")
+    return {"n": _int(given, "n", 1, 1, MAX_N), "stream": stream,
+            "include_usage": stream and _bool(options, "include_usage", False),
+            "logprobs": logprobs, "stop": _stop(given.get("stop", [])),
+            "sampling": _sampling(given), "model": str(given.get("model", ""))}
 
 
 def _messages(value: Any) -> list[Mapping[str, Any]]:
@@ -185,15 +234,6 @@ def _stop(value: Any) -> tuple[str, ...]:
     if len(stops) > 4:
         raise BadRequest(f"stop holds {len(stops)} strings; at most 4", "stop")
     return tuple(stops)
-
-
-def _logprobs(given: Mapping[str, Any]) -> bool:
-    wanted = _bool(given, "logprobs", False)
-    top = _int(given, "top_logprobs", 0, 0, 20)
-    if top:
-        raise BadRequest("top_logprobs > 0 is not supported: the engine reports the sampled "
-                         "token's logprob only (logprobs=true gives it)", "top_logprobs")
-    return wanted
 
 
 def _bool(given: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -284,4 +324,18 @@ def chunked(body: Mapping[str, Any]) -> Sequence[dict[str, Any]]:
             chunks.append(chunk({"tool_calls": [{"index": k, **call} for k, call in
                                                 enumerate(message["tool_calls"])]}))
         chunks.append(chunk({}, finish=choice["finish_reason"]))
+    return chunks
+
+
+def text_chunks(body: Mapping[str, Any]) -> Sequence[dict[str, Any]]:
+    """A text_completion answer as the chunks that stream it: per choice its text, then its
+    finish reason."""
+    head = {"id": body["id"], "object": "text_completion", "created": body["created"],
+            "model": body["model"]}
+    chunks = []
+    for choice in body["choices"]:
+        chunks.append({**head, "choices": [{**choice, "finish_reason": None}]})
+        chunks.append({**head, "choices": [{"index": choice["index"], "text": "",
+                                            "logprobs": None,
+                                            "finish_reason": choice["finish_reason"]}]})
     return chunks

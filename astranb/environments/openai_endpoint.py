@@ -44,11 +44,15 @@ from .conversation import completion_text
 from .openai_api import (
     BadRequest,
     ChatRequest,
+    Sampled,
+    TextRequest,
     canonical,
     chunked,
     error_body,
     read_chat_request,
+    read_text_request,
     template_message,
+    text_chunks,
     tool_call_json,
 )
 
@@ -93,7 +97,7 @@ class Binding:
         self._kept: list[_Kept] = []
         self._active: set[asyncio.Task[Any]] = set()
 
-    async def call(self, request: ChatRequest) -> dict[str, Any]:
+    async def call(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
         """Answer `request` on the episode's loop (from the server's thread)."""
         try:
             future = asyncio.run_coroutine_threadsafe(self._run(request), self.loop)
@@ -112,7 +116,7 @@ class Binding:
         for task in list(self._active):
             task.cancel()
 
-    async def _run(self, request: ChatRequest) -> dict[str, Any]:
+    async def _run(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
         task = asyncio.current_task()
         assert task is not None
         self._active.add(task)
@@ -123,29 +127,60 @@ class Binding:
         finally:
             self._active.discard(task)
 
-    async def _complete(self, request: ChatRequest) -> dict[str, Any]:
-        ctx, role = self.ctx, self.role
-        tokenizer = ctx.tokenizer(role)
-        sampling = dict(request.sampling)
-        stops = _stop_ids(tokenizer, request.stop)
-        if stops:
-            sampling["stop_token_ids"] = (*ctx.env.sampling.stop_token_ids, *stops)
+    async def _complete(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
+        if isinstance(request, TextRequest):
+            return await self._complete_text(request)
         rendered = self._rendered(request.messages)
         schemas = list(request.tools)
-        prompt_ids = ctx._chat_prompt(role, rendered, schemas, REWRITTEN)
+        prompt_ids = self.ctx._chat_prompt(self.role, rendered, schemas, REWRITTEN)
+        generations, first = await self._generate(prompt_ids, request)
+        choices = [self._choice(request, rendered, schemas, g, i, first + i)
+                   for i, g in enumerate(generations)]
+        return {"id": f"chatcmpl-{self.token[:8]}-{first}", "object": "chat.completion",
+                "created": int(time.time()), "model": request.model or self.role,
+                "choices": choices, "usage": _usage(generations)}
+
+    async def _complete_text(self, request: TextRequest) -> dict[str, Any]:
+        """A (legacy) completion: the prompt as given, no template, no conversation."""
+        tokenizer = self.ctx.tokenizer(self.role)
+        generations, first = await self._generate(request.prompt, request)
+        choices = []
+        for i, generation in enumerate(generations):
+            ids = _returned_ids(generation, _stop_ids(tokenizer, request.stop),
+                                tokenizer.eos_token_id)
+            logprobs = None
+            if request.logprobs:
+                entries = _logprobs(tokenizer, generation, len(ids))
+                offsets = [0]
+                for entry in entries[:-1]:
+                    offsets.append(offsets[-1] + len(entry["token"]))
+                logprobs = {"tokens": [e["token"] for e in entries],
+                            "token_logprobs": [e["logprob"] for e in entries],
+                            "top_logprobs": None, "text_offset": offsets[:len(entries)]}
+            choices.append({"index": i, "finish_reason": generation.finish_reason,
+                            "text": str(tokenizer.decode(list(ids), skip_special_tokens=False)),
+                            "logprobs": logprobs})
+        return {"id": f"cmpl-{self.token[:8]}-{first}", "object": "text_completion",
+                "created": int(time.time()), "model": request.model or self.role,
+                "choices": choices, "usage": _usage(generations)}
+
+    async def _generate(self, prompt: str | tuple[int, ...], request: Sampled
+                        ) -> tuple[list[Generation], int]:
+        """`request.n` turns from `prompt` (the request's sampling and stop tokens), and the
+        index of the first in `ctx.turns`."""
+        ctx = self.ctx
+        sampling = dict(request.sampling)
+        stops = _stop_ids(ctx.tokenizer(self.role), request.stop)
+        if stops:
+            sampling["stop_token_ids"] = (*ctx.env.sampling.stop_token_ids, *stops)
         try:
             generations = await asyncio.gather(
-                *(ctx.generate(role, prompt_ids, **sampling) for _ in range(request.n)))
+                *(ctx.generate(self.role, prompt, **sampling) for _ in range(request.n)))
         except EpisodeTruncated as cut:
             ctx._truncate(cut)
             raise BadRequest(f"the episode is truncated: {cut.reason}",
                              code="context_length_exceeded") from None
-        first = len(ctx.turns) - len(generations)
-        choices = [self._choice(request, rendered, schemas, g, i, first + i)
-                   for i, g in enumerate(generations)]
-        return {"id": f"chatcmpl-{self.token[:8]}-{first}", "object": "chat.completion",
-                "created": int(time.time()), "model": request.model or role,
-                "choices": choices, "usage": _usage(prompt_ids, generations)}
+        return list(generations), len(ctx.turns) - len(generations)
 
     def _rendered(self, messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
         """The template's messages: the longest remembered conversation these messages extend,
@@ -164,7 +199,7 @@ class Binding:
         sampled = completion_text(tokenizer, generation)
         conversation = rendered + [{"role": "assistant", "content": sampled}]
         self.ctx._conversations.keep(conversation, schemas, generation)
-        ids = _returned_ids(generation, request.stop and _stop_ids(tokenizer, request.stop),
+        ids = _returned_ids(generation, _stop_ids(tokenizer, request.stop),
                             tokenizer.eos_token_id)
         text = str(tokenizer.decode(list(ids), skip_special_tokens=False))
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -201,10 +236,11 @@ def _stop_ids(tokenizer: Any, stops: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _returned_ids(generation: Generation, stops: Any, eos: int | None) -> tuple[int, ...]:
+def _returned_ids(generation: Generation, stops: tuple[int, ...], eos: int | None
+                  ) -> tuple[int, ...]:
     """The completion without the token that stopped it (as OpenAI returns text)."""
     ids = generation.completion_ids
-    if generation.finish_reason == "stop" and ids and (ids[-1] == eos or ids[-1] in (stops or ())):
+    if generation.finish_reason == "stop" and ids and (ids[-1] == eos or ids[-1] in stops):
         return ids[:-1]
     return ids
 
@@ -219,10 +255,11 @@ def _logprobs(tokenizer: Any, generation: Generation, count: int) -> list[dict[s
     return out
 
 
-def _usage(prompt_ids: tuple[int, ...], generations: list[Generation]) -> dict[str, int]:
+def _usage(generations: list[Generation]) -> dict[str, int]:
+    prompt = len(generations[0].prompt_ids)
     completion = sum(len(g.completion_ids) for g in generations)
-    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-            "total_tokens": len(prompt_ids) + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 class Endpoints:
@@ -313,19 +350,28 @@ def create_app(endpoints: Endpoints) -> Any:
             raise BadRequest("the endpoint serves loopback only (client and Host)", status=403)
         return endpoints.find(request.path_params.get("token", ""))
 
-    async def chat(request: Request) -> Response:
+    async def serve(request: Request, read: Any, chunks: Any) -> Response:
         try:
             binding = binding_of(request)
-            chat_request = read_chat_request(await _json(request))
-            answer = await binding.call(chat_request)
+            checked = read(await _json(request))
+            answer = await binding.call(checked)
         except BadRequest as error:
             return refused(error)
         except _Ended:
             return ended()
-        if chat_request.stream:
-            return StreamingResponse(_events(answer, chat_request.include_usage),
+        except Exception as error:  # the engine's or the template's: the agent sees it
+            return JSONResponse(error_body(f"{type(error).__name__}: {error}",
+                                           kind="server_error"), status_code=500)
+        if checked.stream:
+            return StreamingResponse(_events(answer, chunks(answer), checked.include_usage),
                                      media_type="text/event-stream")
         return JSONResponse(answer)
+
+    async def chat(request: Request) -> Response:
+        return await serve(request, read_chat_request, chunked)
+
+    async def text(request: Request) -> Response:
+        return await serve(request, read_text_request, text_chunks)
 
     async def models(request: Request) -> Response:
         try:
@@ -345,15 +391,17 @@ def create_app(endpoints: Endpoints) -> Any:
             return refused(error)
         except _Ended:
             return ended()
-        if request.url.path.endswith("/chat/completions"):
-            return refused(BadRequest("chat/completions takes POST", status=405))
+        if request.url.path.endswith("/completions"):
+            return refused(BadRequest("completions take POST", status=405))
         return refused(BadRequest(f"no endpoint {request.url.path}; this one serves "
-                                  "POST .../v1/chat/completions and GET .../v1/models",
+                                  "POST .../v1/chat/completions, POST .../v1/completions "
+                                  "and GET .../v1/models",
                                   status=404))
 
     prefix = "/episodes/{token}/v1"
     return Starlette(routes=[
         Route(prefix + "/chat/completions", chat, methods=["POST"]),
+        Route(prefix + "/completions", text, methods=["POST"]),
         Route(prefix + "/models", models, methods=["GET"]),
         Route(prefix + "/{rest:path}", other, methods=["GET", "POST"]),
         Route("/{rest:path}", other, methods=["GET", "POST"]),
@@ -376,14 +424,15 @@ async def _json(request: Any) -> Any:
         raise BadRequest(f"the body is not valid JSON: {error}") from None
 
 
-async def _events(answer: Mapping[str, Any], include_usage: bool) -> AsyncIterator[str]:
+async def _events(answer: Mapping[str, Any], chunks: Any, include_usage: bool
+                  ) -> AsyncIterator[str]:
     """Server-sent events of OpenAI's chunk format, ended by [DONE]."""
-    for chunk in chunked(answer):
+    for chunk in chunks:
         if include_usage:
             chunk = {**chunk, "usage": None}
         yield f"data: {json.dumps(chunk)}\n\n"
     if include_usage:
-        last = {"id": answer["id"], "object": "chat.completion.chunk",
+        last = {"id": answer["id"], "object": chunks[0]["object"] if chunks else answer["object"],
                 "created": answer["created"], "model": answer["model"], "choices": [],
                 "usage": answer["usage"]}
         yield f"data: {json.dumps(last)}\n\n"
