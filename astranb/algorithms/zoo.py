@@ -13,10 +13,10 @@
                    the whole batch's tokens; PPO's clip 0.2, token mean
 
 Every config also takes `tis_cap` (truncated importance sampling for the engine/trainer
-mismatch, algorithms/corrections.py): None trains on the ratio to the engine's logprobs as
-GRPO does; a number C measures the ratio against the trainer's own logprobs before the step and
-multiplies each token's loss by min(exp(logp_trainer - logp_engine), C), per token or per
-sequence (`tis_level`). The paper's C is 2.
+mismatch, algorithms/corrections.py; GRPO takes it too): None (the default) trains on the ratio
+to the engine's logprobs; a number C measures the ratio against the trainer's own logprobs
+before the step and multiplies each token's loss by min(exp(logp_trainer - logp_engine), C), per
+token or per sequence (`tis_level`). The paper's C is 2.
 
 All of them travel to trainer processes and services as JSON, like GRPO and M2PO.
 """
