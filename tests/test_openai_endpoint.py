@@ -116,6 +116,7 @@ def test_anything_not_on_loopback_is_refused():
     ({"tool_choice": "required", "tools": [ADD]}, "tool_choice"),
     ({"stop": ["never ever"]}, "stop"),
     ({"n": 0}, "n"),
+    ({"parallel_tool_calls": False, "tools": [ADD]}, "parallel_tool_calls"),
     ({"temperature": 3.0}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
 ])
@@ -414,6 +415,9 @@ def test_n_choices_stop_strings_and_the_context_limit(tokenizer):
     async def body(ctx):
         client = ctx.openai_client("agent")
         seen["n"] = await client.chat.completions.create(model="m", messages=USER, n=2)
+        # the agent goes on from the second choice: its tokens are the ones kept
+        picked = [*USER, seen["n"].choices[1].message, {"role": "user", "content": "more"}]
+        seen["on"] = await client.chat.completions.create(model="m", messages=picked)
         seen["stop"] = await client.chat.completions.create(model="m", messages=USER,
                                                             stop=".")
         try:
@@ -422,12 +426,16 @@ def test_n_choices_stop_strings_and_the_context_limit(tokenizer):
             seen["long"] = error
         return 1.0
 
-    engine = ScriptedEngine(tokenizer, ["one", "two", "a. b"])
+    engine = ScriptedEngine(tokenizer, ["one", "two", "three", "a. b"])
     traj = _play(body, engine, tokenizer, max_context=200)
     assert [c.message.content for c in seen["n"].choices] == ["one", "two"]
-    assert len(traj.turns) == 3  # each choice a turn of its own, then the stop call
+    assert len(traj.turns) == 4  # each choice a turn of its own, then two more calls
+    second = traj.turns[1].generation
+    kept = second.prompt_ids + second.completion_ids
+    assert traj.turns[2].generation.prompt_ids[: len(kept)] == kept
+    assert traj.counts["retokenized"] == 0
     # the scripted engine does not stop on "." (it ignores stop ids); a real one ends there
-    assert traj.turns[2].sampling.stop_token_ids[-2:] == (22, tokenizer.eos_token_id)
+    assert traj.turns[3].sampling.stop_token_ids[-2:] == (22, tokenizer.eos_token_id)
     assert seen["long"].code == "context_length_exceeded"
     assert traj.truncated is not None and traj.truncated.startswith("context")
 
@@ -549,3 +557,22 @@ def test_text_completions_take_text_or_token_ids_and_stream_the_same(tokenizer):
     assert [t.generation.prompt_ids for t in traj.turns] == engine.consumed
     for name in ("echo", "logprobs", "prompt"):
         assert seen[name].body["param"] == name
+
+
+def test_a_sub_agents_client_records_its_turns_as_the_sub_agents(tokenizer):
+    async def child(ctx, question):
+        client = ctx.openai_client("agent")
+        answer = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": question}])
+        return answer.choices[0].message.content
+
+    seen = {}
+
+    async def body(ctx):
+        seen["children"] = await ctx.spawn(child, ["a?", "b?"])
+        return 1.0
+
+    traj = _play(body, ScriptedEngine(tokenizer, ["x", "y"]), tokenizer)
+    assert traj.ok, traj.error
+    assert sorted(seen["children"]) == ["x", "y"]
+    assert sorted(t.agent for t in traj.turns) == ["0", "1"]

@@ -28,8 +28,8 @@ MAX_N = 16
 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "stop", "n", "stream",
            "stream_options")
-CHAT = frozenset((*_COMMON, "messages", "tools", "tool_choice", "max_completion_tokens",
-                  "logprobs", "top_logprobs"))
+CHAT = frozenset((*_COMMON, "messages", "tools", "tool_choice", "parallel_tool_calls",
+                  "max_completion_tokens", "logprobs", "top_logprobs"))
 """The parameters `chat.completions.create` may send."""
 TEXT = frozenset((*_COMMON, "prompt", "logprobs"))
 """The parameters `completions.create` may send."""
@@ -99,6 +99,9 @@ def read_chat_request(body: Any) -> ChatRequest:
     if choice not in ("auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not supported: the engine cannot force a "
                          "call; use 'auto' or 'none'", "tool_choice")
+    if not _bool(given, "parallel_tool_calls", True):
+        raise BadRequest("parallel_tool_calls=false is not supported: the engine cannot keep "
+                         "the model to one call; leave it out", "parallel_tool_calls")
     return ChatRequest(**_sampled(given, _bool(given, "logprobs", False)),
                        messages=tuple(messages), tools=tuple(tools),
                        parse_tools=bool(tools) and choice == "auto")
