@@ -576,3 +576,60 @@ def test_a_sub_agents_client_records_its_turns_as_the_sub_agents(tokenizer):
     assert traj.ok, traj.error
     assert sorted(seen["children"]) == ["x", "y"]
     assert sorted(t.agent for t in traj.turns) == ["0", "1"]
+
+
+def test_a_synchronous_client_on_the_episodes_loop_gets_a_503_not_a_hang(tokenizer, monkeypatch):
+    from astranb.environments import openai_endpoint
+
+    monkeypatch.setattr(openai_endpoint, "BLOCKED_AFTER", 0.5)
+    seen = {}
+
+    async def body(ctx):
+        client = openai.OpenAI(base_url=ctx.openai_base_url("agent"), api_key="k",
+                               max_retries=0)
+        try:
+            client.chat.completions.create(model="m", messages=USER)  # blocks the loop
+        except openai.APIStatusError as error:
+            seen["error"] = error
+        finally:
+            client.close()
+        return 1.0
+
+    start = time.monotonic()
+    engine = ScriptedEngine(tokenizer, ["never"])
+    traj = _play(body, engine, tokenizer)
+    assert traj.ok, traj.error
+    assert time.monotonic() - start < 10
+    assert seen["error"].status_code == 503 and "synchronous client" in seen["error"].message
+    assert engine.consumed == [] and traj.turns == ()  # the call never ran, later either
+
+
+def test_streaming_on_the_real_engine_returns_the_plain_answer(tokenizer):
+    from astranb.engines import HFEngine
+
+    seen = {}
+
+    async def body(ctx):
+        client = ctx.openai_client("agent")
+        options = {"model": "m", "messages": USER, "max_tokens": 10, "temperature": 0.0,
+                   "logprobs": True}
+        plain = await client.chat.completions.create(**options)
+        events = await client.chat.completions.create(**options, stream=True)
+        chunks = [c async for c in events]
+        seen["plain"] = plain.choices[0]
+        seen["streamed"] = "".join(c.choices[0].delta.content or "" for c in chunks)
+        seen["logprobs"] = [e.logprob for c in chunks if c.choices[0].logprobs
+                            for e in c.choices[0].logprobs.content]
+        return 1.0
+
+    async def play():
+        with HFEngine(SPEC, max_batch_size=2, seed=1) as engine:
+            return await ab.play_episode(Agent(body), {"agent": Handle("p", tokenizer, engine)},
+                                         {})
+
+    traj = asyncio.run(play())
+    assert traj.ok, traj.error
+    plain = seen["plain"]
+    assert plain.message.content and seen["streamed"] == plain.message.content
+    assert seen["logprobs"] == [e.logprob for e in plain.logprobs.content]
+    assert traj.turns[0].generation.completion_ids == traj.turns[1].generation.completion_ids

@@ -19,8 +19,8 @@ message is tokenized afresh and counted as `count/retokenized`.
 
 The engine answers whole completions, so a streamed answer (`stream=True`) arrives as OpenAI's
 chunks once the completion is sampled. Calls must come from an async client on the episode's
-loop (or another thread); a synchronous client on the episode's loop would block the loop that
-samples for it.
+loop (or another thread): a synchronous client on the episode's loop blocks the loop that would
+sample for it, so such a call is answered 503 after `BLOCKED_AFTER` seconds rather than hang.
 """
 
 from __future__ import annotations
@@ -68,6 +68,12 @@ REWRITTEN = (
     "(messages.append(response.choices[0].message))")
 """The warning (shown once) when an agent rewrote a returned assistant message."""
 
+BLOCKED_AFTER = 30.0
+"""Seconds a call waits for the episode's loop to take it up before a 503 (`BLOCKED`)."""
+BLOCKED = (
+    "the episode's event loop did not take this call up: something blocks it, most likely a "
+    "synchronous client (openai.OpenAI) called inside the async episode; use "
+    "ctx.openai_client(role), an AsyncOpenAI, and await its calls")
 MAX_BODY = 16 << 20
 _KEEP = 16  # conversations remembered per binding, as in conversation.py
 _ENDED = 4096  # closed tokens remembered, so their late calls hear 410 rather than 401
@@ -98,13 +104,24 @@ class Binding:
         self._active: set[asyncio.Task[Any]] = set()
 
     async def call(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
-        """Answer `request` on the episode's loop (from the server's thread)."""
+        """Answer `request` on the episode's loop (from the server's thread).
+
+        Raises:
+            BadRequest: 503 when the episode's loop does not take the call up within
+                `BLOCKED_AFTER` seconds (blocked, say by a synchronous client on it).
+        """
+        started = threading.Event()
         try:
-            future = asyncio.run_coroutine_threadsafe(self._run(request), self.loop)
+            future = asyncio.run_coroutine_threadsafe(self._run(request, started), self.loop)
         except RuntimeError:  # the episode's loop is gone
             raise _Ended from None
+        answer = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            done, _ = await asyncio.wait({answer}, timeout=BLOCKED_AFTER)
+            if not done and not started.is_set():
+                answer.cancel()
+                raise BadRequest(BLOCKED, status=503, code="episode_loop_blocked")
+            return await answer
         except asyncio.CancelledError:
             if self.closed:
                 raise _Ended from None
@@ -116,7 +133,9 @@ class Binding:
         for task in list(self._active):
             task.cancel()
 
-    async def _run(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
+    async def _run(self, request: ChatRequest | TextRequest,
+                   started: threading.Event) -> dict[str, Any]:
+        started.set()
         task = asyncio.current_task()
         assert task is not None
         self._active.add(task)
