@@ -1,13 +1,12 @@
 """Runs whose task gets learned: does the run keep its pace once nearly every group ties?
 
-    .venv/bin/python bench/learned.py                   # both runs, defaults: ~2 min on 2 cores
-    .venv/bin/python bench/learned.py --seeds 3         # three of each, seeds 0, 1, 2
-    .venv/bin/python bench/learned.py --only largest    # the largest-digit run alone
-    .venv/bin/python bench/learned.py --cap 300         # stop a run after 300 s (a crawl)
-    .venv/bin/python bench/learned.py --max-gen-batches 0   # the unbounded filter (before)
-    .venv/bin/python bench/learned.py --sampler pass_rate   # skip samples seen solved
+    .venv/bin/python bench/learned.py                   # each task and configuration once
+    .venv/bin/python bench/learned.py --seeds 3 --cap 150   # three seeds: ~25 min on 2 cores
+    .venv/bin/python bench/learned.py --only largest --configs defaults
 
-Two runs with astranb's defaults, one after the other in one process:
+Two tasks, each run in three configurations side by side in one process (`CONFIGS`:
+astranb's defaults, the bound without the open-samples sampler, and neither), seeds and
+configurations interleaved so they share the machine's load:
 
     largest     `LargestDigit`: "max(a,b,c)=" -> the largest of three digits, one token, with
                 `ab.models.tiny()`, GRPO(entropy_coef=0.05), AdamW lr 1e-3, batch 128, groups of
@@ -59,12 +58,17 @@ class LargestDigit(ab.Environment):
         return 1.0 if out.text.startswith(sample["answer"]) else 0.0
 
 
-TRAIN_KW: dict[str, Any] = {}
-"""Extra `session.train` arguments (--max-gen-batches; none: astranb's defaults)."""
+CONFIGS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "no sampler": {"sampler": "stream"},
+    "unbounded": {"sampler": "stream", "max_gen_batches": None},
+}
+"""`session.train` arguments of each configuration run side by side: astranb's defaults, the
+bound without the open-samples sampler, and neither (dynamic sampling as it was)."""
 
 
-def train(env: ab.Environment, steps: int, cap: float, workdir: Path,
-          seed: int) -> dict[str, Any]:
+def train(env: ab.Environment, steps: int, cap: float, workdir: Path, seed: int,
+          kw: dict[str, Any]) -> dict[str, Any]:
     """One run with the README's settings; stopped at `cap` wall seconds if it gets that far."""
     with ab.Session(workdir) as session:
         policy = session.policy("solver", model=ab.models.tiny(),
@@ -73,7 +77,7 @@ def train(env: ab.Environment, steps: int, cap: float, workdir: Path,
         session.wire(env, solver=policy)
         started = time.monotonic()
         run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2,
-                            seed=seed, **TRAIN_KW)
+                            seed=seed, **kw)
         while not run.done and time.monotonic() - started < cap:
             time.sleep(0.5)
         capped = not run.done
@@ -99,8 +103,8 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def largest(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
-    out = train(LargestDigit(), 300, cap, workdir / f"largest-{seed}", seed)
+def largest(cap: float, workdir: Path, seed: int, kw: dict[str, Any]) -> dict[str, Any]:
+    out = train(LargestDigit(), 300, cap, workdir, seed, kw)
     rows, t = out["rows"], _times(out["rows"])
     half = len(rows) // 2
     first = t[half - 1] if half else float("nan")
@@ -113,9 +117,9 @@ def largest(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
             "learned_at_step": [e.get("step") for e in out["learned"]]}
 
 
-def quickstart(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
+def quickstart(cap: float, workdir: Path, seed: int, kw: dict[str, Any]) -> dict[str, Any]:
     env = ab.environments.load("arithmetic")
-    out = train(env, 600, cap, workdir / f"quickstart-{seed}", seed)
+    out = train(env, 600, cap, workdir, seed, kw)
     rows, t = out["rows"], _times(out["rows"])
     n = len(rows)
     half, tail = n // 2, max(1, n // 10)
@@ -130,81 +134,72 @@ def quickstart(cap: float, workdir: Path, seed: int) -> dict[str, Any]:
             "learned_at_step": [e.get("step") for e in out["learned"]]}
 
 
-def report(results: dict[str, list[dict[str, Any]]], load: tuple[float, ...]) -> str:
-    """A markdown section: one column per seed."""
-    seeds = len(next(iter(results.values())))
-    head = "| {} | " + " | ".join(f"seed {i}" for i in range(seeds)) + " |"
-    rule = "|---|" + "---:|" * seeds
+def report(results: dict[str, dict[str, list[dict[str, Any]]]], seeds: int, cap: float,
+           load: tuple[float, ...]) -> str:
+    """A markdown section: per task, a row per configuration and seed."""
     lines = [f"## Runs whose task gets learned (bench/learned.py, {date.today()})", "",
-             "```", f".venv/bin/python bench/learned.py --seeds {seeds}", "```", "",
-             f"2 cores, load average at the start {load[0]:.2f}.", ""]
-
-    def row(name: str, runs: list[dict[str, Any]], value) -> str:
-        return f"| {name} | " + " | ".join(value(r) for r in runs) + " |"
-
-    if "largest" in results:
-        runs = results["largest"]
-        lines += [head.format("largest digit (300 steps)"), rule,
-                  row("steps done", runs, lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
-                  row("wall s, first half of the steps", runs,
-                      lambda r: f"{r['first_half_s']:.1f}"),
-                  row("wall s, second half", runs, lambda r: f"{r['second_half_s']:.1f}"),
-                  row("all / first half", runs,
-                      lambda r: f"{1 + r['second_half_s'] / r['first_half_s']:.2f}"),
-                  row("groups dropped by filter_groups", runs,
-                      lambda r: f"{r['filtered_groups']:,}"),
-                  row("episodes played", runs, lambda r: f"{r['episodes']:,}"),
-                  row("reward, last 10% of steps", runs, lambda r: f"{r['reward_last10']:.3f}"),
-                  row("held-out evaluation (512)", runs,
-                      lambda r: f"{r.get('final_eval') or float('nan'):.3f}"),
-                  row("largest metrics row, bytes", runs, lambda r: f"{r['row_bytes_max']:,}"),
-                  row("\"learned\" event at step", runs, lambda r: str(r["learned_at_step"])),
-                  ""]
-    if "quickstart" in results:
-        runs = results["quickstart"]
-        lines += [head.format("quickstart (600 steps)"), rule,
-                  row("steps done", runs, lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
-                  row("training s", runs, lambda r: f"{r['train_s']:.1f}"),
-                  row("steps/s, first half", runs,
-                      lambda r: f"{r['steps_per_s_first_half']:.2f}"),
-                  row("steps/s, last 10%", runs, lambda r: f"{r['steps_per_s_last10']:.2f}"),
-                  row("last 10% / first half", runs, lambda r: f"{r['ratio']:.2f}"),
-                  row("groups dropped by filter_groups", runs,
-                      lambda r: f"{r['filtered_groups']:,}"),
-                  row("reward, last 10% of steps", runs, lambda r: f"{r['reward_last10']:.3f}"),
-                  row("held-out evaluation (512)", runs, lambda r: f"{r['final_eval']:.3f}"),
-                  row("largest metrics row, bytes", runs, lambda r: f"{r['row_bytes_max']:,}"),
-                  row("\"learned\" event at step", runs, lambda r: str(r["learned_at_step"])),
-                  ""]
+             "```", f".venv/bin/python bench/learned.py --seeds {seeds} --cap {cap:g}", "```",
+             "", f"2 cores, load average at the start {load[0]:.2f}. Configurations: "
+             + "; ".join(f"{name}: {kw or 'astranb defaults'}" for name, kw in CONFIGS.items())
+             + ".", ""]
+    common = [("filtered", lambda r: f"{r['filtered_groups']:,}"),
+              ("reward, last 10%", lambda r: f"{r['reward_last10']:.3f}"),
+              ("held-out eval (512)", lambda r: f"{r['final_eval']:.3f}"),
+              ("largest row, bytes", lambda r: f"{r['row_bytes_max']:,}"),
+              ("learned at step", lambda r: ", ".join(map(str, r["learned_at_step"])) or "-")]
+    columns = {
+        "largest": [("steps", lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
+                    ("s, first half", lambda r: f"{r['first_half_s']:.1f}"),
+                    ("s, second half", lambda r: f"{r['second_half_s']:.1f}"),
+                    ("all / first half",
+                     lambda r: f"{1 + r['second_half_s'] / r['first_half_s']:.2f}"),
+                    ("episodes", lambda r: f"{r['episodes']:,}"), *common],
+        "quickstart": [("steps", lambda r: f"{r['steps']}{' (capped)' * r['capped']}"),
+                       ("training s", lambda r: f"{r['train_s']:.1f}"),
+                       ("steps/s, first half", lambda r: f"{r['steps_per_s_first_half']:.2f}"),
+                       ("steps/s, last 10%", lambda r: f"{r['steps_per_s_last10']:.2f}"),
+                       ("last 10% / first half", lambda r: f"{r['ratio']:.2f}"), *common],
+    }
+    titles = {"largest": "largest digit, 300 steps", "quickstart": "quickstart, 600 steps"}
+    for task, cols in columns.items():
+        runs = [(config, seed, r) for config, tasks in results.items()
+                for seed, r in enumerate(tasks.get(task, []))]
+        if not runs:
+            continue
+        lines += [f"| {titles[task]} | seed | " + " | ".join(c for c, _ in cols) + " |",
+                  "|---|---:|" + "---:|" * len(cols)]
+        lines += [f"| {config} | {seed} | " + " | ".join(f(r) for _, f in cols) + " |"
+                  for config, seed, r in runs]
+        lines.append("")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("largest", "quickstart"), default=None)
-    parser.add_argument("--cap", type=float, default=900.0, help="wall seconds per run at most")
+    parser.add_argument("--configs", type=lambda v: v.split(","), default=list(CONFIGS),
+                        help="comma-separated, of: " + ", ".join(CONFIGS))
+    parser.add_argument("--cap", type=float, default=300.0, help="wall seconds per run at most")
     parser.add_argument("--seeds", type=int, default=1, help="runs of each, seeds 0, 1, ...")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "learned.json")
-    parser.add_argument("--max-gen-batches", type=int, default=None,
-                        help="train(max_gen_batches=...); default: astranb's default; 0: None")
-    parser.add_argument("--sampler", default=None, help="train(sampler=...): stream, pass_rate")
     args = parser.parse_args()
-    if args.sampler is not None:
-        TRAIN_KW["sampler"] = args.sampler
-    if args.max_gen_batches is not None:
-        TRAIN_KW["max_gen_batches"] = args.max_gen_batches or None
+    if unknown := set(args.configs) - set(CONFIGS):
+        parser.error(f"unknown configuration(s) {sorted(unknown)}; pick from {list(CONFIGS)}")
     load = os.getloadavg()
-    results: dict[str, list[dict[str, Any]]] = {}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="astranb-learned-") as tmp:
         for name, bench in (("largest", largest), ("quickstart", quickstart)):
             if args.only not in (None, name):
                 continue
-            for seed in range(args.seeds):
-                results.setdefault(name, []).append(bench(args.cap, Path(tmp), seed))
-                print(name, seed, json.dumps(results[name][-1]), flush=True)
+            for seed in range(args.seeds):  # configurations interleaved: the same load
+                for config in args.configs:
+                    out = bench(args.cap, Path(tmp) / f"{name}-{seed}-{config}", seed,
+                                CONFIGS[config])
+                    results.setdefault(config, {}).setdefault(name, []).append(out)
+                    print(name, config, seed, json.dumps(out), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    print(report(results, load))
+    print(report(results, args.seeds, args.cap, load))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ the group with the oldest token goes first, so the samples closest to the stalen
 trained before they expire) or FIFO (arrival order). The staleness bound is re-checked at pop:
 a group whose oldest token is more than `max_staleness` versions behind is dropped there. Once
 no group can come any more (`close`, when every sample stream has ended), a pop that the
-waiting groups cannot serve raises `SamplesRanOut` instead of waiting forever.
+waiting groups cannot serve raises `SamplesRanOut` instead of waiting forever. Once `cut`
+(the policy's filter budget for the step is spent), a pop returns the groups it has, at least
+one, instead of waiting for a full batch.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Buffer:
         self._seq = itertools.count()
         self._added = anyio.Event()
         self._closed: str | None = None
+        self._cut = False
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -96,6 +99,8 @@ class Buffer:
         try:
             while len(taken) < n:
                 if not self._heap:
+                    if self._cut and taken:  # the step takes what it has (see `cut`)
+                        break
                     if self._closed is not None:
                         raise SamplesRanOut(f"{self.policy} needs {n} groups for a step and "
                                             f"{len(taken)} are left: {self._closed}")
@@ -110,7 +115,15 @@ class Buffer:
             for entry in taken:
                 heapq.heappush(self._heap, entry)
             raise
+        self._cut = False
         return [group for _, _, group in taken]
+
+    def cut(self) -> None:
+        """The next pop (or the one waiting) returns the fresh groups there are, at least one,
+        instead of waiting for `n`: the policy's filter budget is spent (see `sampling`)."""
+        self._cut = True
+        self._added.set()
+        self._added = anyio.Event()
 
     def close(self, reason: str) -> None:
         """No group will be put any more (`reason` says why): a pop that cannot be served by

@@ -33,16 +33,16 @@ class RunConfig:
     """Seconds without a published step or a group reaching a buffer before the run records a
     "stalled" event saying what it waits for (see `astranb.dataflow.stall`)."""
     max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES
-    """Batches' worth of groups the rollouts play for one step at most: past
-    `(max_gen_batches - 1) x groups_per_batch` groups dropped by filter_groups since a policy's
-    last step, its tied groups fill its batch and the step trains what has a signal (see
-    `astranb.dataflow.sampling`); None: no bound."""
+    """Batches' worth of groups a step waits for at most: once `(max_gen_batches - 1) x
+    groups_per_batch` groups were dropped by filter_groups since a policy's last step, the step
+    takes the groups it has and trains those with a signal (see `astranb.dataflow.sampling`);
+    None: no bound."""
     stop_when_learned: bool = False
     """End a policy's training at its "learned" event (its last groups all tied, some at its
     best reward) instead of going on."""
-    sampler: str = "stream"
-    """"stream": every sample is played, in stream order; "pass_rate": samples seen solved are
-    skipped most of the time (see `astranb.dataflow.sampling.PassRates`)."""
+    sampler: str = "open"
+    """"stream": every sample is played, in stream order; "open": samples whose recent groups
+    all tied are skipped most of the time (see `astranb.dataflow.sampling.OpenSamples`)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):

@@ -37,7 +37,7 @@ from .buffer import Buffer
 from .config import RunConfig
 from .loop import TrainLoop
 from .orchestrator import Orchestrator, Source, play_heldout
-from .sampling import PassRates, filter_budget, learned_streak
+from .sampling import OpenSamples, filter_budget, learned_streak
 from .staleness import StalenessGate
 from .stall import PolicyWait, Snapshot, StallWatch, describe, filter_streak, filtered_message
 
@@ -100,7 +100,7 @@ class Dataflow:
             filter_budget=filter_budget(config.max_gen_batches, config.groups_per_batch),
             learned_after=learned_streak(config.groups_per_batch),
             on_learned=self._learned if config.stop_when_learned else None,
-            pass_rates=PassRates(seed=config.seed) if config.sampler == "pass_rate" else None)
+            open_samples=OpenSamples(seed=config.seed) if config.sampler == "open" else None)
         barrier = VersionBarrier(self.policies) if config.mode == "barrier" else None
         self.loops = [
             TrainLoop(p, self.buffers[n], self.gate, recorder, self.orchestrator.counters,

@@ -4,8 +4,8 @@ A sample is *open* from the moment a worker draws it from its stream until a met
 every policy it was drawn for accounts for it: trained in that row's step, or dropped by a rule
 the row names ("filtered": every reward of the group was equal and the algorithm filters such
 groups; "failed": fewer than two of its episodes scored, which failed episodes cause; "stale":
-past the staleness bound at pop; "unused": the policy made no turn in it; "solved": skipped
-unplayed by the pass-rate sampler, see `sampling.PassRates`). The row and its line
+past the staleness bound at pop; "unused": the policy made no turn in it; a sample the
+open-samples sampler skips, `sampling.OpenSamples`, counts as "filtered"). The row and its line
 in samples.jsonl account for them, and only then does the sample stop being open for that
 policy; this happens in the same step of the event loop as the row is recorded, so the rows on
 record and the open samples always add up to every sample drawn.
@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = ["SampleLedger", "REASONS", "sample_id", "parse_sample_id", "compact", "expand"]
 
-REASONS = ("filtered", "failed", "stale", "unused", "solved")
+REASONS = ("filtered", "failed", "stale", "unused")
 """Why a sample was dropped without training (keys of a row's `samples_dropped`)."""
 
 

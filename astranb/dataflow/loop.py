@@ -262,6 +262,9 @@ class TrainLoop:
         staleness = [version - g.min_version(self.policy.name) for g in groups]
         versions = batch.versions_B_T[batch.loss_mask_B_T > 0]
         rewards = self.counters.take_rewards(self.policy.name)
+        # samples the open-samples sampler skipped count at their recent reward, so `reward`
+        # stays an estimate of the stream's, not only of the harder samples played
+        estimated = rewards + self.counters.rewards_skipped.pop(self.policy.name, [])
         c = self.counters
         epoch = {} if c.epoch is None else {"epoch": c.epoch}
         kept = self._kept(groups)
@@ -275,7 +278,8 @@ class TrainLoop:
             "step": version,
             "version": version + 1,
             "time": now - self.started,
-            "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+            "reward": sum(estimated) / len(estimated) if estimated else float("nan"),
+            "reward_played": sum(rewards) / len(rewards) if rewards else float("nan"),
             "batch_reward": float(batch.rewards_B.mean()),
             "episodes_since_step": len(rewards),
             "staleness_mean": sum(staleness) / len(staleness),

@@ -39,7 +39,7 @@ from ._tasks import run_all
 from .batcher import group_rewards, has_signal_for, policy_reward
 from .buffer import Buffer, Group
 from .ledger import SampleLedger, sample_id
-from .sampling import PassRates, Ties, learned_message
+from .sampling import OpenSamples, Ties, learned_message
 from .staleness import StalenessGate
 
 __all__ = ["Orchestrator", "Source", "RolloutCounters", "EpisodesKeepFailing", "play_heldout"]
@@ -75,10 +75,16 @@ class RolloutCounters:
     """Per policy: groups dropped by filter_groups since its last step (the budget's count)."""
     budget_hit: set[str] = field(default_factory=set)
     """Policies whose filter budget was reached since their last step."""
+    skipped_since_step: dict[str, int] = field(default_factory=dict)
+    """Per policy: samples the open-samples sampler skipped since its last step."""
+    rewards_skipped: dict[str, list[float]] = field(default_factory=dict)
+    """Per policy: the recent mean reward of each sample skipped since its last step (the
+    rows' reward counts them, so it estimates the stream's reward)."""
 
     def take_sampling(self, policy: str) -> dict[str, Any]:
         """How `policy`'s groups tied since its last call (forgotten): `groups_played`,
-        `groups_tied`, `tied_fraction` (NaN when none was played) and `filter_budget_hit`."""
+        `groups_tied`, `tied_fraction` (NaN when none was played), `groups_skipped` (by the
+        open-samples sampler) and `filter_budget_hit`."""
         played = self.groups_since_step.pop(policy, 0)
         tied = self.tied_since_step.pop(policy, 0)
         self.filtered_since_step.pop(policy, None)
@@ -86,6 +92,7 @@ class RolloutCounters:
         self.budget_hit.discard(policy)
         return {"groups_played": played, "groups_tied": tied,
                 "tied_fraction": tied / played if played else float("nan"),
+                "groups_skipped": self.skipped_since_step.pop(policy, 0),
                 "filter_budget_hit": hit}
 
     def take_rewards(self, policy: str) -> list[float]:
@@ -189,8 +196,8 @@ class Orchestrator:
             before its tied groups are trained (`sampling.filter_budget`; None: no bound).
         learned_after: tied groups in a row at the best reward that make a "learned" event.
         on_learned: called with a policy's name when its "learned" event is recorded.
-        pass_rates: skip samples seen solved, most of the time (`sampling.PassRates`); None:
-            play every sample.
+        open_samples: skip samples whose groups tie, most of the time (`sampling.OpenSamples`);
+            None: play every sample.
     """
 
     def __init__(
@@ -207,7 +214,7 @@ class Orchestrator:
         filter_budget: int | None = None,
         learned_after: int = 64,
         on_learned: Callable[[str], None] | None = None,
-        pass_rates: PassRates | None = None,
+        open_samples: OpenSamples | None = None,
     ):
         self.sources = [sources] if isinstance(sources, Source) else list(sources)
         self.buffers = buffers
@@ -234,7 +241,7 @@ class Orchestrator:
         self.filter_budget = filter_budget
         self.learned_after = learned_after
         self.on_learned = on_learned
-        self.pass_rates = pass_rates
+        self.open_samples = open_samples
         self.started = 0.0
         """When the run started, on the event loop's clock (set by `Dataflow.run`)."""
 
@@ -296,36 +303,46 @@ class Orchestrator:
             position, sample = drawn
             key = sample_id(self._stream[id(source)], position)
             self.counters.samples.drawn(key, sample, names)
-            rates = self.pass_rates
-            known = None if rates is None else rates.key(sample)
-            if rates is not None and not rates.play(known):
-                self._skip(key, names)
-                await anyio.lowlevel.checkpoint()  # an endless run of solved samples must yield
+            seen = self.open_samples
+            known = None if seen is None else seen.key(sample)
+            if seen is not None and not seen.play(known):
+                self._skip(key, names, known)
+                await anyio.lowlevel.checkpoint()  # an endless run of settled samples must yield
                 continue
             group = await self.play_group(sample, source, key)
             self._deliver(group, source)
-            if rates is not None:
-                rates.record(known, self._solved_share(group))
+            if seen is not None:
+                seen.record(known, self._solved(group), {
+                    name: sum(rewards) / len(rewards) for name in group.policies
+                    if (rewards := group_rewards(group, name))})
 
-    def _skip(self, key: str, names: Sequence[str]) -> None:
-        """The pass-rate sampler skips sample `key`: accounted as dropped, "solved"."""
+    def _skip(self, key: str, names: Sequence[str], known: str | None) -> None:
+        """The open-samples sampler skips sample `key` (lately solved): accounted as filtered,
+        counted towards each policy's budget, its recent reward kept for the rows' estimate."""
+        assert self.open_samples is not None
+        c = self.counters
         for name in names:
             if name in self.gate.retired:
-                self.counters.samples.forget(name, key)
-            else:
-                self.counters.samples.dropped(name, key, "solved")
+                c.samples.forget(name, key)
+                continue
+            c.samples.dropped(name, key, "filtered")
+            c.skipped_since_step[name] = c.skipped_since_step.get(name, 0) + 1
+            self._add_filtered(name)
+            reward = self.open_samples.reward(known, name)
+            if reward is not None:
+                # the sample stands for a group of episodes not played
+                c.rewards_skipped.setdefault(name, []).extend([reward] * self.group_size)
         self.gate.release({n: 1 for n in names})
 
-    def _solved_share(self, group: Group) -> float:
-        """The share of the group's episodes at their policy's best reward (the smallest over
-        the policies that played it; 0 for a group that failed)."""
-        shares = []
-        for name in group.policies:
-            rewards = group_rewards(group, name)
-            best = self.ties[name].best
-            if rewards:
-                shares.append(sum(r >= best for r in rewards) / len(rewards))
-        return min(shares, default=0.0)
+    def _solved(self, group: Group) -> bool:
+        """Whether every policy that played the group earned its best reward in every episode,
+        having earned less before (False for a group that failed: it says nothing)."""
+        def solved(name: str) -> bool:
+            rewards, ties = group_rewards(group, name), self.ties[name]
+            return (len(rewards) > 1 and ties.worst < ties.best
+                    and all(r == ties.best for r in rewards))
+
+        return bool(group.policies) and all(solved(name) for name in group.policies)
 
     async def play_group(self, sample: Mapping[str, Any], source: Source | None = None,
                          key: str = "") -> Group:
@@ -440,8 +457,7 @@ class Orchestrator:
             if reason == "filtered":  # one more in a row (the watchdog reads it)
                 n, seen = self.filtered.get(name, (0, frozenset()))
                 self.filtered[name] = (n + 1, seen | set(group_rewards(group, name)))
-                since = self.counters.filtered_since_step
-                since[name] = since.get(name, 0) + 1
+                self._add_filtered(name)
         if len(release) == len(names):
             self.counters.filtered_groups += 1
         if release:
@@ -455,13 +471,22 @@ class Orchestrator:
         if name not in group.policies:
             return "unused" if group.trajectories else "failed"
         if (self._policies[name].algorithm.filter_groups and not has_signal_for(group, name)
-                and not self._over_budget(name)):
+                and not (self._over_budget(name) and len(self.buffers[name]) == 0)):
             return "filtered"
         return None if _enough(group, name) else "failed"
 
+    def _add_filtered(self, name: str) -> None:
+        """One more group of `name` filtered (played and tied, or skipped as settled) since its
+        last step; at its budget, its waiting step is told to take what it has."""
+        since = self.counters.filtered_since_step
+        since[name] = since.get(name, 0) + 1
+        if self._over_budget(name):
+            self.buffers[name].cut()
+
     def _over_budget(self, name: str) -> bool:
         """Whether `name` has dropped its budget of tied groups for this step (from its first
-        group with a signal on: see `sampling`); its tied groups are then trained."""
+        group with a signal on: see `sampling`): its step then trains what its buffer holds, and
+        a tied group goes in only when the buffer is empty (a step needs one group at least)."""
         budget, c = self.filter_budget, self.counters
         if budget is None or not self.ties[name].signal:
             return False

@@ -8,20 +8,23 @@ filling one batch takes ever more episodes: unbounded, a run that learned its ta
 (thousands of groups played for one step).
 
 The bound, `session.train(max_gen_batches=k)` (verl calls its version `max_num_gen_batches`):
-after `(k - 1) x groups_per_batch` groups of a policy were dropped by the filter since its last
-step, its next tied groups go into its buffer as they come, so a step costs at most about k
-batches of rollouts:
+once `(k - 1) x groups_per_batch` groups of a policy were dropped by the filter since its last
+step, its buffer is *cut* (`Buffer.cut`): the waiting step takes the groups there are instead of
+waiting for a full batch (and if there are none, the next tied group goes in, so it has one).
+A step therefore waits for at most about k batches of rollouts:
 
-    groups played for one step  <=  k x groups_per_batch  (+ the groups already in flight)
+    groups played for one step  <=  k x groups_per_batch  (+ what plays while it trains)
 
-Such a step trains on what it has: the groups of its batch that have a signal (`in_batch`).
-The tied groups that filled the batch are left out of it and accounted as filtered, because
-they would add no policy-gradient term (their advantages are 0) but would still add their
-tokens' entropy bonus and count in the token mean, diluting the signal of the others: measured
-on the quickstart, training them cut its reward over the last 10% of steps from 0.70 to 0.42.
-Only a batch in which no group has a signal trains its tied groups (an entropy-bonus-only step:
-there is nothing else to train). The step's row says so: `filter_budget_hit`, `tied_trained`
-(tied groups trained), and the filtered count of its `samples_dropped`.
+Such a step trains on what it has: the groups of its batch that have a signal (`in_batch`). A
+tied group in a batch (the one let in to end a wait, or left over from an earlier one) is left
+out of it and accounted as filtered when others have a signal, because it would add no
+policy-gradient term (its advantages are 0) but would still add its tokens' entropy bonus and
+count in the token mean, diluting the signal of the others: measured on the quickstart,
+training such groups cut its reward over the last 10% of steps from 0.70 to 0.42. Only a batch
+in which no group has a signal trains its tied groups (an entropy-bonus-only step: there is
+nothing else to train). The step's row says so: `filter_budget_hit`, `tied_trained` (tied
+groups trained), `samples_trained` (fewer than a batch's groups) and the filtered count of its
+`samples_dropped`.
 
 The bound holds from a policy's first group with a signal on. Before it, every group tying is
 the cold start of an untrained policy (every reward 0 until one episode gets lucky): training
@@ -37,10 +40,11 @@ is a task learned as far as its groups can teach, since no group carries a signa
 `train(stop_when_learned=True)` ends the policy's training there. The share of tied groups per
 step is every row's `tied_fraction`.
 
-Fewer ties in the first place: with `train(sampler="pass_rate")` the orchestrator skips, most
-of the time, samples whose recent groups were solved (`PassRates`), so where samples repeat the
-rollouts go to the ones with something left to learn. A skipped sample is accounted as dropped
-("solved"); no episode of it is played.
+Fewer ties in the first place: with `train(sampler="open")` the orchestrator skips, most of
+the time, samples its policies have lately solved (`OpenSamples`), so where samples repeat the
+rollouts go to the ones with something left to learn. A skipped sample costs no episode; it is
+accounted as filtered and counts towards the budget (it is a tie foreseen), which is what keeps
+a learned task's steps cheap: nearly every draw is a skip.
 
 The parts here are pure (plain numbers in, plain answers out); the orchestrator feeds them.
 """
@@ -57,9 +61,9 @@ from typing import Any
 import xxhash
 
 __all__ = ["DEFAULT_MAX_GEN_BATCHES", "filter_budget", "in_batch", "learned_streak", "Ties",
-           "learned_message", "SAMPLERS", "PassRates"]
+           "learned_message", "SAMPLERS", "OpenSamples"]
 
-DEFAULT_MAX_GEN_BATCHES = 2
+DEFAULT_MAX_GEN_BATCHES = 4
 """Batches' worth of groups played for one step at most, by default (see the module doc)."""
 
 
@@ -149,22 +153,38 @@ def learned_message(policy: str, groups: int, tied_at: dict[float, int]) -> str:
 
 # -- drawing the open samples more often ----------------------------------------------------------
 
-SAMPLERS = ("stream", "pass_rate")
-"""`train(sampler=...)`: "stream" plays every sample in stream order; "pass_rate" skips samples
-it has seen solved, most of the time (`PassRates`)."""
+SAMPLERS = ("stream", "open")
+"""`train(sampler=...)`: "open" (the default) skips, most of the time, samples its policies have
+lately solved (`OpenSamples`); "stream" plays every sample in stream order."""
 
 
-class PassRates:
-    """Which samples are solved, from the groups played on them; solved ones are skipped.
+@dataclass
+class _Seen:
+    solved: float
+    """How often the sample's groups were solved lately (an average that halves the past)."""
+    rewards: dict[str, float]
+    """Per policy, its mean reward on the sample, lately (the same average)."""
 
-    A sample is known by the hash of its JSON text (a sample that is not plain JSON is never
-    skipped). After each group on it, its pass rate moves halfway towards the group's share
-    of episodes at the policy's best reward (an average that forgets: the policy changes).
-    A sample is then played with probability max(floor, 1 - pass rate): one never solved
-    always, one solved every time in `floor` of its draws, so none is starved and a sample
-    that is forgotten again is seen. Where the stream's samples repeat (a generator over a
-    small space, epochs of a dataset), the groups played are the ones with something left to
-    learn; where they do not repeat, nothing is ever skipped.
+
+class OpenSamples:
+    """Which samples are solved, from the groups played on them; solved ones are skipped most
+    of the time, so the rollouts go to the open ones.
+
+    A group is *solved* when every episode of it earned its policy's best reward and that
+    policy has earned less before (a group of an untrained policy that all score 0 is not: that
+    is a cold start, and skipping it would starve the policy of the samples it must learn
+    from). A sample is known by the hash of its JSON text (one that is not plain JSON is never
+    skipped); after each group on it, its solved rate moves halfway towards 1 if the group was
+    solved and towards 0 if not (the policy changes, so the past fades), and so does each
+    policy's mean reward on it. A sample is played with probability max(floor, 1 - solved
+    rate): an unknown or open one always, a solved one in `floor` of its draws, so none is
+    starved and one that is forgotten is seen again. Where the stream's samples repeat (a
+    generator over a small space, epochs of a dataset) the rollouts go to the open ones; where
+    they do not, nothing is skipped.
+
+    A skipped sample is accounted as dropped by the filter (it was not played because its
+    groups tie). The rows' `reward` counts it at its policy's recent mean reward on it, so the
+    reward still estimates the whole stream's, not only the harder samples played.
 
     Args:
         floor: the smallest probability of playing a sample (0 < floor <= 1).
@@ -174,13 +194,13 @@ class PassRates:
 
     def __init__(self, floor: float = 0.1, seed: int = 0, memory: int = 100_000):
         if not 0 < floor <= 1:
-            raise ValueError(f"the pass-rate sampler's floor must be in (0, 1], got {floor!r}")
+            raise ValueError(f"the open-samples sampler's floor must be in (0, 1], got {floor!r}")
         self.floor, self.memory = floor, memory
-        self._rates: dict[str, float] = {}
+        self._seen: dict[str, _Seen] = {}
         self._rng = random.Random(seed)
 
     def __len__(self) -> int:
-        return len(self._rates)
+        return len(self._seen)
 
     @staticmethod
     def key(sample: Mapping[str, Any]) -> str | None:
@@ -191,19 +211,33 @@ class PassRates:
             return None
         return xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
 
-    def rate(self, key: str | None) -> float:
-        """The sample's pass rate (0 for one never played)."""
-        return self._rates.get(key, 0.0) if key is not None else 0.0
+    def solved_rate(self, key: str | None) -> float:
+        """How often the sample's groups were solved lately (0 for one never played)."""
+        seen = self._seen.get(key) if key is not None else None
+        return 0.0 if seen is None else seen.solved
 
-    def record(self, key: str | None, share: float) -> None:
-        """A group on sample `key` had `share` of its episodes at the best reward."""
+    def reward(self, key: str | None, policy: str) -> float | None:
+        """`policy`'s recent mean reward on the sample (None: not known)."""
+        seen = self._seen.get(key) if key is not None else None
+        return None if seen is None else seen.rewards.get(policy)
+
+    def record(self, key: str | None, solved: bool, rewards: Mapping[str, float]) -> None:
+        """A group on sample `key` was played: whether it was solved, and each policy's mean
+        reward."""
         if key is None:
             return
-        old = self._rates.pop(key, share)  # re-inserted last: the dict's order is recency
-        self._rates[key] = (old + share) / 2
-        if len(self._rates) > self.memory:
-            del self._rates[next(iter(self._rates))]
+        seen = self._seen.pop(key, None)  # re-inserted last: the dict's order is recency
+        if seen is None:
+            seen = _Seen(float(solved), dict(rewards))
+        else:
+            seen.solved = (seen.solved + float(solved)) / 2
+            for policy, value in rewards.items():
+                old = seen.rewards.get(policy, value)
+                seen.rewards[policy] = (old + value) / 2
+        self._seen[key] = seen
+        if len(self._seen) > self.memory:
+            del self._seen[next(iter(self._seen))]
 
     def play(self, key: str | None) -> bool:
         """Whether to play the sample now."""
-        return self._rng.random() < max(self.floor, 1.0 - self.rate(key))
+        return self._rng.random() < max(self.floor, 1.0 - self.solved_rate(key))

@@ -345,7 +345,7 @@ class Session:
         stall_seconds: float = STALL_SECONDS,
         max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES,
         stop_when_learned: bool = False,
-        sampler: str = "stream",
+        sampler: str = "open",
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -396,23 +396,23 @@ class Session:
             stall_seconds: when no step is published and no group reaches a buffer for this
                 long, the run records a "stalled" event saying what it waits for, shown by
                 `run.status` ("stalled"), `run.stalled`, the dashboard and the waiting cell.
-            max_gen_batches: dynamic sampling's bound: the rollouts play at most about this
-                many batches' worth of groups for one step. Groups whose rewards all tie are
-                dropped by `filter_groups` until `(max_gen_batches - 1) * batch_size /
-                group_size` of them were dropped since the policy's last step; past that, tied
-                groups fill its batch and the step trains the ones with a signal (all, when
-                none has one); the row says `filter_budget_hit`. None: no bound (a run whose
-                task is learned then plays ever more episodes per step).
+            max_gen_batches: dynamic sampling's bound: a step waits for at most about this
+                many batches' worth of groups. Groups whose rewards all tie are dropped by
+                `filter_groups`; once `(max_gen_batches - 1) * batch_size / group_size` of them
+                were dropped since the policy's last step, the step takes the groups it has
+                (at least one) and trains those with a signal; the row says
+                `filter_budget_hit`. None: no bound (a run whose task is learned then plays
+                ever more episodes per step).
             stop_when_learned: end a policy's training at its "learned" event: the last
                 max(64, 4 * batch_size / group_size) groups all tied, some at its best reward.
                 The event is recorded either way (`run.learned`, the dashboard, the waiting
                 cell).
-            sampler: "stream" plays every sample in stream order; "pass_rate" skips samples
-                whose recent groups were solved (all episodes at the best reward), most of the
+            sampler: "stream" plays every sample in stream order; "open" skips samples its
+                policies have lately solved (every episode at the best reward), most of the
                 time (a floor of 10% keeps each in play), so where samples repeat the
-                rollouts go to those with something left to learn; skipped ones are accounted
-                as dropped, "solved". Its training reward then reads lower than the policy's
-                (it plays the harder samples): judge it by held-out evaluation.
+                rollouts go to those with something left to learn. A skipped sample is
+                accounted as filtered and counts towards the budget; rows' `reward` counts it
+                at its recent reward (`reward_played`: the played episodes' mean).
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
