@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat import encode, parse_assistant
 from ..errors import EpisodeTruncated
-from ..types import Generation
+from ..types import Generation, Turn
 from .conversation import completion_text
 from .openai_api import (
     BadRequest,
@@ -111,9 +111,11 @@ class Binding:
                 `BLOCKED_AFTER` seconds (blocked, say by a synchronous client on it).
         """
         started = threading.Event()
+        work = self._run(request, started)
         try:
-            future = asyncio.run_coroutine_threadsafe(self._run(request, started), self.loop)
+            future = asyncio.run_coroutine_threadsafe(work, self.loop)
         except RuntimeError:  # the episode's loop is gone
+            work.close()
             raise _Ended from None
         answer = asyncio.wrap_future(future)
         try:
@@ -152,21 +154,20 @@ class Binding:
         rendered = self._rendered(request.messages)
         schemas = list(request.tools)
         prompt_ids = self.ctx._chat_prompt(self.role, rendered, schemas, REWRITTEN)
-        generations, first = await self._generate(prompt_ids, request)
-        choices = [self._choice(request, rendered, schemas, g, i, first + i)
-                   for i, g in enumerate(generations)]
-        return {"id": f"chatcmpl-{self.token[:8]}-{first}", "object": "chat.completion",
+        turns = await self._generate(prompt_ids, request)
+        choices = [self._choice(request, rendered, schemas, i, position, turn)
+                   for i, (position, turn) in enumerate(turns)]
+        return {"id": f"chatcmpl-{self.token[:8]}-{turns[0][0]}", "object": "chat.completion",
                 "created": int(time.time()), "model": request.model or self.role,
-                "choices": choices, "usage": _usage(generations)}
+                "choices": choices, "usage": _usage(turns)}
 
     async def _complete_text(self, request: TextRequest) -> dict[str, Any]:
         """A (legacy) completion: the prompt as given, no template, no conversation."""
         tokenizer = self.ctx.tokenizer(self.role)
-        generations, first = await self._generate(request.prompt, request)
+        turns = await self._generate(request.prompt, request)
         choices = []
-        for i, generation in enumerate(generations):
-            ids = _returned_ids(generation, _stop_ids(tokenizer, request.stop),
-                                tokenizer.eos_token_id)
+        for i, (_, turn) in enumerate(turns):
+            generation, ids = turn.generation, _returned_ids(turn)
             logprobs = None
             if request.logprobs:
                 entries = _logprobs(tokenizer, generation, len(ids))
@@ -179,14 +180,14 @@ class Binding:
             choices.append({"index": i, "finish_reason": generation.finish_reason,
                             "text": str(tokenizer.decode(list(ids), skip_special_tokens=False)),
                             "logprobs": logprobs})
-        return {"id": f"cmpl-{self.token[:8]}-{first}", "object": "text_completion",
+        return {"id": f"cmpl-{self.token[:8]}-{turns[0][0]}", "object": "text_completion",
                 "created": int(time.time()), "model": request.model or self.role,
-                "choices": choices, "usage": _usage(generations)}
+                "choices": choices, "usage": _usage(turns)}
 
     async def _generate(self, prompt: str | tuple[int, ...], request: Sampled
-                        ) -> tuple[list[Generation], int]:
-        """`request.n` turns from `prompt` (the request's sampling and stop tokens), and the
-        index of the first in `ctx.turns`."""
+                        ) -> list[tuple[int, Turn]]:
+        """`request.n` turns from `prompt` (the request's sampling and stop tokens), each with
+        its position in `ctx.turns` (other agents of the episode may sample meanwhile)."""
         ctx = self.ctx
         sampling = dict(request.sampling)
         stops = _stop_ids(ctx.tokenizer(self.role), request.stop)
@@ -199,7 +200,7 @@ class Binding:
             ctx._truncate(cut)
             raise BadRequest(f"the episode is truncated: {cut.reason}",
                              code="context_length_exceeded") from None
-        return list(generations), len(ctx.turns) - len(generations)
+        return [_recorded(ctx.turns, generation) for generation in generations]
 
     def _rendered(self, messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
         """The template's messages: the longest remembered conversation these messages extend,
@@ -212,21 +213,19 @@ class Binding:
         return head + [template_message(m) for m in messages[start:]]
 
     def _choice(self, request: ChatRequest, rendered: list[dict[str, Any]],
-                schemas: list[Any], generation: Generation, index: int,
-                turn: int) -> dict[str, Any]:
-        tokenizer = self.ctx.tokenizer(self.role)
+                schemas: list[Any], index: int, position: int, turn: Turn) -> dict[str, Any]:
+        tokenizer, generation = self.ctx.tokenizer(self.role), turn.generation
         sampled = completion_text(tokenizer, generation)
         conversation = rendered + [{"role": "assistant", "content": sampled}]
         self.ctx._conversations.keep(conversation, schemas, generation)
-        ids = _returned_ids(generation, _stop_ids(tokenizer, request.stop),
-                            tokenizer.eos_token_id)
+        ids = _returned_ids(turn)
         text = str(tokenizer.decode(list(ids), skip_special_tokens=False))
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if request.parse_tools:
             parsed = parse_assistant(text)
             if parsed.errors:
                 self.ctx.count("malformed_tool_calls", len(parsed.errors))
-            calls = [tool_call_json(c.name, c.arguments, f"call_{turn}_{k}")
+            calls = [tool_call_json(c.name, c.arguments, f"call_{position}_{k}")
                      for k, c in enumerate(parsed.tool_calls)]
             message["content"] = parsed.content or (None if calls else "")
             if calls:
@@ -255,11 +254,19 @@ def _stop_ids(tokenizer: Any, stops: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _returned_ids(generation: Generation, stops: tuple[int, ...], eos: int | None
-                  ) -> tuple[int, ...]:
+def _recorded(turns: list[Turn], generation: Generation) -> tuple[int, Turn]:
+    """The turn `generation` was recorded as, and its position."""
+    for position in range(len(turns) - 1, -1, -1):
+        if turns[position].generation is generation:
+            return position, turns[position]
+    raise LookupError("a generation the endpoint sampled is not among the episode's turns")
+
+
+def _returned_ids(turn: Turn) -> tuple[int, ...]:
     """The completion without the token that stopped it (as OpenAI returns text)."""
-    ids = generation.completion_ids
-    if generation.finish_reason == "stop" and ids and (ids[-1] == eos or ids[-1] in stops):
+    ids = turn.generation.completion_ids
+    if (turn.generation.finish_reason == "stop" and ids
+            and ids[-1] in turn.sampling.stop_token_ids):
         return ids[:-1]
     return ids
 
@@ -274,9 +281,9 @@ def _logprobs(tokenizer: Any, generation: Generation, count: int) -> list[dict[s
     return out
 
 
-def _usage(generations: list[Generation]) -> dict[str, int]:
-    prompt = len(generations[0].prompt_ids)
-    completion = sum(len(g.completion_ids) for g in generations)
+def _usage(turns: list[tuple[int, Turn]]) -> dict[str, int]:
+    prompt = len(turns[0][1].generation.prompt_ids)
+    completion = sum(len(turn.generation.completion_ids) for _, turn in turns)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
