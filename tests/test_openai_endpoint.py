@@ -10,6 +10,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 
 import astranb as ab
@@ -17,8 +18,6 @@ from astranb.environments.openai_endpoint import create_app, endpoints
 from astranb.types import Generation
 
 from .test_chat_episodes import CALL, SPEC, Handle, ScriptedEngine
-
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
@@ -505,6 +504,34 @@ def test_a_session_trains_an_agent_written_against_the_openai_client(tmp_path):
             assert second["prompt_ids"][: len(kept)] == kept
         assert run.metrics["count/retokenized"].sum() == 0
         assert len(run.metrics) == 2
+
+
+@pytest.mark.slow  # a run over a rollout service
+def test_the_agent_trains_the_same_on_a_rollout_service(tmp_path):
+    """The episode plays on the service, so its endpoint lives in the service's process."""
+    from astranb.services import rollout_app
+
+    from .services import Switchable
+
+    app = rollout_app.create_app(rollout_app.RolloutConfig(
+        engine="hf", environments={"OpenAIToolAgent": f"{__name__}:OpenAIToolAgent"}))
+    transport = Switchable(app)
+    session = ab.Session(tmp_path, rollout=["http://r0"], transport=lambda url: transport)
+    session.context.stack.enter_context(
+        session.context.loop().wrap_async_context_manager(app.state.service.running()))
+    with session:
+        policy = session.policy("agent", ab.models.tiny_chat(),
+                                algorithm=ab.GRPO(filter_groups=False))
+        session.wire(OpenAIToolAgent(), agent=policy)
+        run = session.train(steps=2, batch_size=4, group_size=2, max_staleness=1)
+        run.wait(progress=False)
+        episodes = [e for e in run.episodes if e.error is None]
+        assert episodes and len(episodes) == len(run.episodes)
+        for episode in episodes:
+            first, second = episode.turns
+            kept = first["prompt_ids"] + first["completion_ids"]
+            assert second["prompt_ids"][: len(kept)] == kept
+        assert app.state.service.slots["agent"].engine.version == 2
 
 
 def test_an_engine_that_fails_is_a_500_with_its_message(tokenizer):
