@@ -1,5 +1,7 @@
-"""Environments: the base class and context (`base`), playing one episode (`play`), and finding
-installed environments by name (`load`, `available`).
+"""Environments: the base class and context (`base`), playing one episode (`play`), an
+episode's OpenAI-compatible endpoint for agents written against the `openai` client
+(`openai_endpoint`, `openai_api`), and finding installed environments by name (`load`,
+`available`).
 
 Environment packages register a class under the `astranb.environments` entry-point group, so a
 researcher's own environment becomes loadable by name with one line in its pyproject.toml:

@@ -1,11 +1,12 @@
 """Environments: what an agent does in one episode, and the context it does it through.
 
 An environment declares its `roles` and writes one coroutine, `episode(ctx, sample)`, that drives
-turns with `await ctx.generate(role, prompt)`, calls tools with `await ctx.tool(name, fn, ...)`
-and returns a reward (a float for every role, or a dict role -> float). Everything the episode
-generates and every tool it calls is recorded on the context, so the episode can be trained on,
-replayed and stepped through (`run.episodes[i].show()`, `ab.debug`). An exception in `episode`
-fails that episode only; the run records it and goes on.
+turns with `await ctx.generate(role, prompt)` (or `ctx.chat`, or an OpenAI client from
+`ctx.openai_client`), calls tools with `await ctx.tool(name, fn, ...)` and returns a reward (a
+float for every role, or a dict role -> float). Everything the episode generates and every tool
+it calls is recorded on the context, so the episode can be trained on, replayed and stepped
+through (`run.episodes[i].show()`, `ab.debug`). An exception in `episode` fails that episode
+only; the run records it and goes on.
 
     import operator
 
