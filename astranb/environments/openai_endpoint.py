@@ -193,9 +193,14 @@ class Binding:
         stops = _stop_ids(ctx.tokenizer(self.role), request.stop)
         if stops:
             sampling["stop_token_ids"] = (*ctx.env.sampling.stop_token_ids, *stops)
+        tasks = [asyncio.ensure_future(ctx.generate(self.role, prompt, **sampling))
+                 for _ in range(request.n)]
         try:
-            generations = await asyncio.gather(
-                *(ctx.generate(self.role, prompt, **sampling) for _ in range(request.n)))
+            try:
+                generations = await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:  # no choice samples on for a call that failed (no-op else)
+                    task.cancel()
         except EpisodeTruncated as cut:
             ctx._truncate(cut)
             raise BadRequest(f"the episode is truncated: {cut.reason}",
