@@ -40,6 +40,7 @@ from ..contracts import Checkpointable
 from ..dataflow.config import RunConfig
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
+from ..training.reference import reference_from_dict
 from ..weights.codec import checksum
 from .checkpoint import (
     Checkpoint,
@@ -357,9 +358,12 @@ def _policies(context: RunContext, plan: Mapping[str, Any],
         if policy is None:
             optimizer = dict(recipe["optimizer"])
             optimizer["betas"] = tuple(optimizer.get("betas", (0.9, 0.999)))
+            options = dict(recipe["options"])
+            if options.get("reference") is not None:  # as plan.json keeps it: plain values
+                options["reference"] = reference_from_dict(options["reference"])
             policy = make_policy(name, spec,
                                  algorithm=_algorithm_of(name, recipe["algorithm"]),
-                                 optimizer=AdamWConfig(**optimizer), **recipe["options"])
+                                 optimizer=AdamWConfig(**optimizer), **options)
         elif policy.spec != spec:
             raise ValueError(f"policy {name!r} of this session has another model than the run "
                              f"to resume ({policy.spec.name} against {spec.name}); resume in a "

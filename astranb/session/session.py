@@ -41,6 +41,7 @@ from ..remote.scaling import Autoscaler
 from ..remote.serialize import spec_to_wire
 from ..remote.trainer import RemoteTrainer
 from ..training.local import AdamWConfig, LocalTrainer
+from ..training.reference import Reference, reference_to_dict
 from ..weights.publish import EnginePublisher, StatePublisher
 from ..weights.store import WeightStore
 from . import heldout, launch, restore
@@ -153,6 +154,7 @@ class Session:
         seed: int = 0,
         weight_transfer: str = "delta",
         full_every: int = 10,
+        reference: Reference | None = None,
     ) -> Policy:
         """Create a policy: a rollout engine and a trainer over two copies of `model`.
 
@@ -169,6 +171,11 @@ class Session:
                 cannot apply); "state" copies the trainer's full-precision tensors directly
                 (engines in this process only: rollout services always get payloads).
             full_every: versions between forced full snapshots ("delta" only; 0: never forced).
+            reference: a frozen policy the trainer scores every batch with (no optimizer, no
+                engine): `ab.Reference(kl_coef=0.04)` adds KL to the policy's starting weights
+                to the loss; `ab.Reference(model=teacher, distill=1.0)` is on-policy
+                distillation from a teacher (training/reference.py). Thread and process
+                trainers; not with trainer services yet.
         """
         self._context.check_open()
         if name in self.policies:
@@ -176,7 +183,13 @@ class Session:
         if weight_transfer not in ("delta", "state"):
             raise ValueError(f"weight_transfer must be 'delta' or 'state', got {weight_transfer!r}")
         spec, algorithm, optimizer = resolve(model), algorithm or GRPO(), optimizer or AdamWConfig()
+        if reference is not None and not isinstance(reference, Reference):
+            raise TypeError(f"reference must be an ab.Reference(...), got {reference!r}")
         if self._context.pool is not None:
+            if reference is not None:
+                raise ValueError("reference= is scored by a trainer in this machine (thread or "
+                                 "process); rollout and trainer services do not take it yet. "
+                                 "Leave reference out, or train here")
             if weight_transfer != "delta":
                 raise ValueError(
                     f"weight_transfer={weight_transfer!r} only applies to an engine in this "
@@ -202,11 +215,12 @@ class Session:
                                  "payloads: leave weight_transfer out")
             trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
                                      device=self.device, dtype=dtype, full_every=full_every,
-                                     log=trainer_log(self.directory, name))
+                                     log=trainer_log(self.directory, name), reference=reference)
             self._context.stack.callback(trainer.close)
             publisher = ProcessPublisher(eng, trainer)
         else:
-            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype)
+            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype,
+                                   reference=reference)
             publisher = (EnginePublisher(name, eng, trainer,
                                          WeightStore(name, full_every=full_every))
                          if weight_transfer == "delta" else StatePublisher(name, eng, trainer))
@@ -217,7 +231,8 @@ class Session:
         self.policies[name] = policy
         self._context.recipes[name] = {
             "engine": engine, "max_batch_size": max_batch_size, "seed": seed,
-            "weight_transfer": weight_transfer, "full_every": full_every}
+            "weight_transfer": weight_transfer, "full_every": full_every,
+            **({} if reference is None else {"reference": reference_to_dict(reference)})}
         return policy
 
     def _remote_policy(self, name: str, spec: ModelSpec, engine: str, algorithm: Algorithm,

@@ -22,10 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
+from ..algorithms.corrections import kl_loss_term
 from ..contracts import Checkpointable, SupervisedTrainer, Trainer
 from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
+from .reference import Reference
 
 __all__ = [
     "AdamWConfig",
@@ -132,7 +134,8 @@ def step_advantages(algorithm: Algorithm, batch: Batch) -> Batch:
 
 
 def backward_micro_batches(
-    model, algorithm: Algorithm, batch: Batch, rows: list[slice], num_tokens: int
+    model, algorithm: Algorithm, batch: Batch, rows: list[slice], num_tokens: int,
+    kl: KLTerm | None = None,
 ) -> dict[str, float]:
     """Forward, loss and backward on each row slice; gradients add up in the model.
 
@@ -143,6 +146,7 @@ def backward_micro_batches(
         rows: the row slices to run, one forward/backward each.
         num_tokens: denominator of every token mean: the whole step's token count, so that
             micro-batches (and data-parallel ranks) add up to one token mean over the step.
+        kl: KL to a reference policy added to the loss (None: none).
 
     Returns:
         {"loss": summed loss, "entropy" and each algorithm metric: the sum of the slices' token
@@ -151,7 +155,7 @@ def backward_micro_batches(
     """
     totals: dict[str, float] = {}
     for part in rows:
-        loss, metrics = _micro_step(model, algorithm, batch, part, num_tokens)
+        loss, metrics = _micro_step(model, algorithm, batch, part, num_tokens, kl)
         weight = float(batch.loss_mask_B_T[part].sum()) / num_tokens
         totals["loss"] = totals.get("loss", 0.0) + float(loss)
         for key, value in metrics.items():
@@ -182,7 +186,18 @@ def logp_gap(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor,
     return float(gap.mean()), float(gap.max())
 
 
-def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_tokens: int):
+@dataclass(frozen=True)
+class KLTerm:
+    """KL(policy || reference) in a step's loss: the reference's logprob of every batch token,
+    its weight and its estimator (see training/reference.py)."""
+
+    ref_logp_B_T: torch.Tensor
+    kl_coef: float
+    estimator: str
+
+
+def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_tokens: int,
+                kl: KLTerm | None = None):
     logp, entropy = token_logprobs(model, batch, rows)
     mask = batch.loss_mask_B_T[rows]
     loss, metrics = algorithm.loss(
@@ -191,6 +206,14 @@ def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_toke
     mean_entropy = token_mean(entropy, mask, num_tokens)
     if algorithm.entropy_coef:
         loss = loss - algorithm.entropy_coef * mean_entropy
+    if kl is not None:
+        ref_B_T = kl.ref_logp_B_T[rows]
+        term = kl_loss_term(logp, ref_B_T, mask, kl_coef=kl.kl_coef, estimator=kl.estimator,
+                            num_tokens=num_tokens)
+        loss = loss + term
+        # the token mean of the estimate over this micro-batch (the caller re-weights it)
+        metrics["kl"] = float(term.detach()) / kl.kl_coef * num_tokens / max(
+            float(mask.sum()), 1.0)
     # metrics are per-token means over this micro-batch; the caller re-weights them by its tokens
     metrics["entropy"] = float(mean_entropy.detach()) * num_tokens / max(float(mask.sum()), 1.0)
     metrics["logp_gap_mean"], metrics["logp_gap_max"] = logp_gap(
@@ -222,6 +245,8 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
             small model trains a whole batch in one forward and one backward.
         device: torch device.
         dtype: parameter dtype (fp32 on CPU; bf16 on GPU).
+        reference: a frozen policy that scores every batch: KL to it in the loss, or on-policy
+            distillation from it (training/reference.py); None: none.
     """
 
     def __init__(
@@ -233,6 +258,7 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         micro_batch_size: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
+        reference: Reference | None = None,
     ):
         self.spec = spec
         self.algorithm = algorithm
@@ -248,18 +274,52 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         )
         self.version = 0
         self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or 1)
+        self.reference = reference
+        self.reference_model = None if reference is None else self._frozen(reference, dtype)
+
+    def _frozen(self, reference: Reference, dtype: torch.dtype):
+        """The reference's model: its own spec built, or a copy of this model as built."""
+        if reference.model is None:
+            model = self.spec.build(dtype=dtype, device=self.device)
+            model.load_state_dict(self.model.state_dict())
+        else:
+            model = reference.model.build(dtype=dtype, device=self.device)
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        return model.eval()
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1."""
         batch = step_advantages(self.algorithm, _to(batch, self.device))
         num_tokens = max(batch.num_tokens, 1)
+        batch, kl, scored = self._scored(batch)
         self.optimizer.zero_grad(set_to_none=True)
         rows = micro_batches(0, batch.size, self._rows_per_pass(batch))
-        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens)
+        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens, kl)
+        totals.update(scored)
         totals["grad_norm"] = clip_and_step(self.model, self.optimizer, self.optimizer_config)
         totals["tokens"] = float(batch.num_tokens)
         self.version += 1
         return totals
+
+    def _scored(self, batch: Batch) -> tuple[Batch, KLTerm | None, dict[str, float]]:
+        """The reference's part of a step: its logprobs of the batch's tokens, the distillation
+        signal added to the advantages, the KL term for the loss, and their metrics."""
+        reference, model = self.reference, self.reference_model
+        if reference is None or model is None:
+            return batch, None, {}
+        with torch.no_grad():
+            ref_B_T = torch.cat([token_logprobs(model, batch, rows)[0] for rows in
+                                 micro_batches(0, batch.size, self._rows_per_pass(batch))])
+        mask_B_T = batch.loss_mask_B_T
+        gap_B_T = (ref_B_T - batch.old_logp_B_T) * mask_B_T  # minus the reverse KL per token
+        metrics = {"reverse_kl": float(-gap_B_T.sum()) / max(float(mask_B_T.sum()), 1.0)}
+        if reference.distill:
+            batch = replace(batch, advantages_B_T=batch.advantages_B_T
+                            + reference.distill * gap_B_T.to(batch.advantages_B_T.dtype))
+        kl = (KLTerm(ref_B_T, reference.kl_coef, reference.estimator)
+              if reference.kl_coef else None)
+        return batch, kl, metrics
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
