@@ -285,6 +285,14 @@ def test_a_three_turn_tool_conversation_keeps_the_sampled_tokens(tokenizer):
                                skip_special_tokens=False)
         assert "<tool_response>" in new
     assert traj.counts == {"retokenized": 0}
+    # the agent's tool results, recorded between the turns as the episode's tool calls
+    assert [(c.name, dict(c.args), c.result, c.position) for c in traj.tool_calls] == [
+        ("add", {"a": 2, "b": 3}, "5", 1), ("mul", {"a": 5, "b": 4}, "20", 2)]
+    from astranb.session.recorder import Episode
+
+    steps = Episode.from_trajectory(traj, 0, 0, tokenizers={"p": tokenizer}).debugger().steps
+    assert [s.kind for s in steps] == ["generate", "tool", "generate", "tool", "generate",
+                                       "reward"]
     # logprobs in OpenAI's shape: the sampled tokens' own, stop token left out
     last = traj.turns[-1].generation
     entries = third.logprobs.content

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat import encode, parse_assistant
 from ..errors import EpisodeTruncated
-from ..types import Generation, Turn
+from ..types import Generation, ToolCall, Turn
 from .conversation import completion_text
 from .openai_api import (
     BadRequest,
@@ -102,6 +102,7 @@ class Binding:
         self.closed = False
         self._kept: list[_Kept] = []
         self._active: set[asyncio.Task[Any]] = set()
+        self._calls: dict[str, tuple[str, Any]] = {}  # returned call id -> (name, arguments)
 
     async def call(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
         """Answer `request` on the episode's loop (from the server's thread).
@@ -151,7 +152,8 @@ class Binding:
     async def _complete(self, request: ChatRequest | TextRequest) -> dict[str, Any]:
         if isinstance(request, TextRequest):
             return await self._complete_text(request)
-        rendered = self._rendered(request.messages)
+        rendered, start = self._rendered(request.messages)
+        self._record_results(request.messages[start:])
         schemas = list(request.tools)
         prompt_ids = self.ctx._chat_prompt(self.role, rendered, schemas, REWRITTEN)
         turns = await self._generate(prompt_ids, request)
@@ -207,15 +209,27 @@ class Binding:
                              code="context_length_exceeded") from None
         return [_recorded(ctx.turns, generation) for generation in generations]
 
-    def _rendered(self, messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
+    def _rendered(self, messages: tuple[Mapping[str, Any], ...]
+                  ) -> tuple[list[dict[str, Any]], int]:
         """The template's messages: the longest remembered conversation these messages extend,
-        as it was sampled, then the new messages."""
+        as it was sampled, then the new messages (from the returned index on)."""
         keys = tuple(canonical(m) for m in messages)
         best = max((k for k in self._kept if keys[:len(k.keys)] == k.keys),
                    key=lambda k: len(k.keys), default=None)
         start = 0 if best is None else len(best.keys)
         head = [] if best is None else copy.deepcopy(best.rendered)
-        return head + [template_message(m) for m in messages[start:]]
+        return head + [template_message(m) for m in messages[start:]], start
+
+    def _record_results(self, new: tuple[Mapping[str, Any], ...]) -> None:
+        """Record the agent's answers to tool calls this endpoint returned as the episode's tool
+        calls (`ctx.tool_calls`: the debugger shows them between the turns), once each."""
+        for message in new:
+            call = self._calls.pop(str(message.get("tool_call_id")), None)
+            if message.get("role") == "tool" and call is not None:
+                arguments = call[1] if isinstance(call[1], dict) else {"arguments": call[1]}
+                self.ctx.tool_calls.append(ToolCall(call[0], arguments,
+                                                    template_message(message)["content"],
+                                                    None, len(self.ctx.turns)))
 
     def _choice(self, request: ChatRequest, rendered: list[dict[str, Any]],
                 schemas: list[Any], index: int, position: int, turn: Turn) -> dict[str, Any]:
@@ -232,6 +246,8 @@ class Binding:
                 self.ctx.count("malformed_tool_calls", len(parsed.errors))
             calls = [tool_call_json(c.name, c.arguments, f"call_{position}_{k}")
                      for k, c in enumerate(parsed.tool_calls)]
+            self._calls.update((j["id"], (c.name, c.arguments))
+                               for j, c in zip(calls, parsed.tool_calls, strict=True))
             message["content"] = parsed.content or (None if calls else "")
             if calls:
                 message["tool_calls"] = calls
