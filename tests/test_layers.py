@@ -107,7 +107,7 @@ LAYERS = (
              uses=("environments",)),
         Part("engines", ("engines/",), "rollout engines: hf, sglang, instant",
              uses=("weights", "models")),
-        Part("training", ("training/",), "trainers: local, FSDP; SFT batches",
+        Part("training", ("training/",), "trainers: local, FSDP; SFT batches; frozen references",
              uses=("algorithms", "models", "engines", "chat")),
         Part("dataflow", ("dataflow/",), "gate, buffers, batcher, orchestrator, train loop",
              uses=("environments", "algorithms", "evaluation")),
