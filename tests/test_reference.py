@@ -147,3 +147,22 @@ def test_a_session_trains_a_policy_with_kl_to_its_start_and_says_so_in_its_rows(
                           reference=ab.Reference(kl_coef=0.1))
         finally:
             remote.close()
+
+
+@pytest.mark.slow  # a short run
+def test_save_pretrained_writes_a_folder_models_local_reads_back_as_the_trained_weights(tmp_path):
+    session = ab.Session(tmp_path / "runs", trainer="thread")
+    with session:
+        policy = session.policy("teacher", model=ab.models.tiny(hidden_size=32, num_heads=2),
+                                max_batch_size=32)
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+        session.train(steps=2, batch_size=16, group_size=8).wait(timeout=120, progress=False)
+        folder = policy.save_pretrained(tmp_path / "teacher")
+        trained = policy.trainer.weights()
+    spec = ab.models.local(folder)
+    back = spec.build(dtype=torch.float32, device="cpu").state_dict()
+    untrained = ab.models.tiny(hidden_size=32, num_heads=2).build().state_dict()
+    assert any(not torch.equal(trained[n], untrained[n]) for n in trained)  # it did train
+    for name, tensor in trained.items():
+        assert torch.equal(back[name], tensor), name
+    assert spec.tokenizer().encode("3+4=") == ab.models.tiny().tokenizer().encode("3+4=")

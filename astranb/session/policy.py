@@ -11,6 +11,7 @@ import inspect
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -147,6 +148,22 @@ class Policy:
                                "publish its weights")
         self.run_on_loop(self.publish)
         return history
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the policy's current weights (the trainer's, full precision) with its config
+        and tokenizer as a Hugging Face model folder, which `ab.models.local(directory)` reads
+        back: e.g. a trained teacher for `ab.Reference(model=..., distill=1.0)`.
+
+        Returns:
+            The folder.
+        """
+        directory = Path(directory)
+        model = self.spec.build(dtype=torch.float32, device="cpu")
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                               for k, v in self.trainer.weights().items()})
+        model.save_pretrained(directory)
+        self.spec.tokenizer().save_pretrained(directory)
+        return directory
 
     @property
     def remote(self) -> bool:
