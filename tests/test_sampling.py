@@ -20,6 +20,7 @@ from astranb.dataflow.sampling import (
     learned_message,
     learned_streak,
 )
+from astranb.notebook.dashboard import View
 from astranb.session.folder import RunFiles
 from tests.waiting import wait_until
 
@@ -268,6 +269,7 @@ def test_the_learned_event_is_recorded_shown_and_ends_training_when_asked(tmp_pa
         assert event["message"] == learned_message("solver", 64, {1.0: 64})
         assert run.learned == {"solver": event["message"]}
         assert f"astranb: {event['message']}" in capsys.readouterr().err  # the waiting cell
+        assert "learned: solver" in View(run).status()  # the dashboard's status line
         # training ended at the event: one step after it at most, far before the 500 asked
         assert len(run.rows) <= event["step"] + 1 < 500
         rows = run.rows
