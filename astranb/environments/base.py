@@ -271,9 +271,11 @@ class EpisodeContext:
     async def aclose(self) -> None:
         """Close what the episode opened: its OpenAI endpoints and clients (play_episode calls
         it when the episode ends; later calls to the endpoints get HTTP 410)."""
+        root = self._root
+        if not root._bindings and not root._clients:
+            return  # most episodes: nothing opened (kept cheap, it runs for every episode)
         from .openai_endpoint import endpoints
 
-        root = self._root
         for binding in root._bindings.values():
             endpoints.close(binding)
         root._bindings.clear()
