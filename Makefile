@@ -19,7 +19,8 @@ setup: $(VENV)/.installed bubblewrap
 $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		environments/actor_verifier/pyproject.toml environments/math/pyproject.toml \
 		environments/code/pyproject.toml environments/search/pyproject.toml \
-		environments/agentbench/pyproject.toml environments/textcraft/pyproject.toml
+		environments/agentbench/pyproject.toml environments/textcraft/pyproject.toml \
+		environments/reasoning_gym/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --timeout 15 --retries 0 --index-url $(TORCH_INDEX) \
@@ -27,7 +28,8 @@ $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		"$(TORCH) from the default index"; $(BIN)/python -m pip install --quiet "$(TORCH)"; }
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -e environments/arithmetic \
 		-e environments/actor_verifier -e environments/math -e environments/code \
-		-e environments/search -e environments/agentbench -e environments/textcraft
+		-e environments/search -e environments/agentbench -e environments/textcraft \
+		-e environments/reasoning_gym
 	touch $@
 
 # Runs the quickstart notebook headless (`astranb run`: its kernel on IPC, Ctrl-C stops it

@@ -1,0 +1,141 @@
+"""The scoring worker: `python path/to/_score_worker.py`, one JSON object per line.
+
+Many reasoning-gym scorers `eval` the answer they are given (string_insertion, n_queens,
+spiral_matrix, binary_matrix) or hand it to SymPy's `parse_expr`, which evals too (countdown,
+puzzle24, polynomial_multiplication, the integration tasks). The answer is model text, so the
+scorer never runs in the episode's process: this worker builds the same datasets from their
+spec, then, before it reads any answer, puts itself under limits and an audit hook that refuses
+what a hostile answer would want (starting processes, sockets, ctypes, writing, renaming or
+removing files, signals). A refused action raises inside the scorer, which scores the answer as
+it scores any unreadable one. The parent (`astranb_reasoning_gym.scorer.Scorer`) owns the
+timeout and kills the worker's process group past it.
+
+Protocol: a first line {"spec": {...}} (see `build`) answered by {"ready": true} or
+{"ready": false, "error": ...}; then {"split": "train" | "test", "index": int, "answer": str}
+answered by {"score": float, "error": str | null}. Only this module's writes reach the parent:
+file descriptor 1 is kept for the protocol and stdout points at stderr.
+
+It runs as a script (importing neither astranb nor torch), in a session of its own, and ends
+when the process named in ASTRANB_PARENT_PID is no longer its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import IO, Any
+
+PARENT_ENV = "ASTRANB_PARENT_PID"
+POLL = 0.2  # seconds between looks at the parent
+MEMORY_BYTES = 4 << 30  # address space a scorer may use
+
+_REFUSED_PREFIXES = ("subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "socket.", "ctypes.",
+                     "shutil.", "pty.", "winreg.", "_winapi.")
+_REFUSED = {"os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.remove",
+            "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+            "os.link", "os.symlink", "os.utime", "os.putenv", "os.unsetenv", "os.chdir",
+            "os.startfile", "signal.pthread_kill", "sys.addaudithook", "code.__new__",
+            "urllib.Request", "webbrowser.open"}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def build(spec: dict[str, Any], split: str) -> Any:
+    """The reasoning-gym dataset of `split` ("train" or "test") described by `spec`:
+    {"tasks": [[name, weight, config], ...], "size", "seed", "test_size", "test_seed"}. One task
+    is `create_dataset(name, size=, seed=, **config)`; several are reasoning-gym's composite.
+    The test dataset is twice `test_size` long (its questions that also occur in train are
+    left out by the environment)."""
+    import reasoning_gym
+
+    size, seed = ((spec["size"], spec["seed"]) if split == "train"
+                  else (2 * spec["test_size"], spec["test_seed"]))
+    tasks = spec["tasks"]
+    if len(tasks) == 1:
+        name, _, config = tasks[0]
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
+    from reasoning_gym.composite import DatasetSpec
+
+    specs = [DatasetSpec(name, float(weight), dict(config)) for name, weight, config in tasks]
+    return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
+
+
+def main() -> None:
+    _follow_parent()
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        sys.path.pop(0)  # the package's modules must not shadow others
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        spec = json.loads(sys.stdin.readline())["spec"]
+        datasets = {split: build(spec, split) for split in ("train", "test")}
+    except Exception as error:
+        _send(protocol, {"ready": False, "error": f"{type(error).__name__}: {error}"})
+        return
+    _contain()
+    _send(protocol, {"ready": True})
+    for line in sys.stdin:
+        request = json.loads(line)
+        _send(protocol, _score(datasets, request))
+
+
+def _score(datasets: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    dataset = datasets[request["split"]]
+    try:
+        entry = dataset[int(request["index"])]
+        score = float(dataset.score_answer(request["answer"], entry))
+    except BaseException as error:  # the scorer's own failure, or a refused action
+        return {"score": 0.0, "error": f"{type(error).__name__}: {error}"[:500]}
+    return {"score": score, "error": None}
+
+
+def _contain() -> None:
+    """Limits and the audit hook, set after the datasets are built and before any answer."""
+    import resource
+
+    for limit, value in ((resource.RLIMIT_AS, MEMORY_BYTES), (resource.RLIMIT_FSIZE, 0),
+                         (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_CORE, 0)):
+        try:
+            resource.setrlimit(limit, (value, value))
+        except (ValueError, OSError):  # above the hard limit already set for us: keep that
+            pass
+    sys.addaudithook(_refuse)
+
+
+def _refuse(event: str, args: tuple[Any, ...]) -> None:
+    if event in _REFUSED or event.startswith(_REFUSED_PREFIXES):
+        raise PermissionError(f"{event} is not allowed while scoring an answer")
+    if event == "open" and _writes(args):
+        raise PermissionError(f"opening {args[0]!r} for writing is not allowed while scoring")
+
+
+def _writes(args: tuple[Any, ...]) -> bool:
+    mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+    if isinstance(mode, str) and any(c in mode for c in "wax+"):
+        return True
+    return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+
+
+def _follow_parent() -> None:
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent.isdigit():
+        threading.Thread(target=_watch, args=(int(parent),), daemon=True).start()
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL)
+    os._exit(1)
+
+
+def _send(stream: IO[str], message: dict[str, Any]) -> None:
+    stream.write(json.dumps(message) + "\n")
+    stream.flush()
+
+
+if __name__ == "__main__":
+    main()
