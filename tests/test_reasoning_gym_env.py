@@ -296,3 +296,29 @@ def test_a_short_training_run(tmp_path):
     assert run.episodes and all(e.error is None for e in run.episodes)
     assert {c["name"] for e in run.episodes for c in e.tool_calls} <= {"score"}
     env.close()
+
+
+# -- README's table of what each library's environments can do --------------------------------
+
+def readme_row(library):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith("| library |")
+             or line.startswith(f"| {library} |")]
+    header, row = ([cell.strip() for cell in line.strip("|").split("|")] for line in lines)
+    return dict(zip(header, row, strict=True))
+
+
+def test_the_readme_table_row_is_true(spelling):
+    row = readme_row("reasoning-gym")
+    sample = next(spelling.samples(0))
+    wrong = sample["answer"][:-1] + "x"
+    policy = scripted(wrong)
+    trajectory = play(spelling, sample, policy)
+    assert row["multi-turn"].startswith("no") and len(trajectory.turns) == 1
+    assert row["tools"] == "no" and "<tools>" not in policy.engine.prompts[0]
+    assert [c.name for c in trajectory.tool_calls] == ["score"]     # the scorer, not the model's
+    assert row["multi-agent"].startswith("no") and spelling.roles == ("solver",)
+    assert row["streaming"].startswith("no")
+    assert row["partial rewards"].startswith("yes") and 0 < trajectory.rewards["solver"] < 1
