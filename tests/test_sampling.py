@@ -132,7 +132,7 @@ def test_max_gen_batches_and_stop_when_learned_are_checked_with_the_fix():
     with pytest.raises(ValueError, match="stop_when_learned must be True or False"):
         ab.RunConfig(1, 4, 2, 1, stop_when_learned="yes")
     assert ab.RunConfig(1, 4, 2, 1).max_gen_batches == 4
-    assert ab.RunConfig(1, 4, 2, 1).sampler == "open"
+    assert ab.RunConfig(1, 4, 2, 1).sampler == "stream"
 
 
 def test_open_samples_skip_solved_samples_down_to_the_floor_and_forget_slowly():

@@ -40,7 +40,7 @@ class RunConfig:
     stop_when_learned: bool = False
     """End a policy's training at its "learned" event (its last groups all tied, some at its
     best reward) instead of going on."""
-    sampler: str = "open"
+    sampler: str = "stream"
     """"stream": every sample is played, in stream order; "open": samples whose recent groups
     all tied are skipped most of the time (see `astranb.dataflow.sampling.OpenSamples`)."""
 

@@ -44,7 +44,7 @@ Fewer ties in the first place: with `train(sampler="open")` the orchestrator ski
 the time, samples its policies have lately solved (`OpenSamples`), so where samples repeat the
 rollouts go to the ones with something left to learn. A skipped sample costs no episode; it is
 accounted as filtered and counts towards the budget (it is a tie foreseen), which is what keeps
-a learned task's steps cheap: nearly every draw is a skip.
+a learned task's steps cheap: nearly every draw is a skip. Not the default (see `SAMPLERS`).
 
 The parts here are pure (plain numbers in, plain answers out); the orchestrator feeds them.
 """
@@ -154,8 +154,11 @@ def learned_message(policy: str, groups: int, tied_at: dict[float, int]) -> str:
 # -- drawing the open samples more often ----------------------------------------------------------
 
 SAMPLERS = ("stream", "open")
-"""`train(sampler=...)`: "open" (the default) skips, most of the time, samples its policies have
-lately solved (`OpenSamples`); "stream" plays every sample in stream order."""
+"""`train(sampler=...)`: "stream" (the default) plays every sample in stream order; "open"
+skips, most of the time, samples its policies have lately solved (`OpenSamples`). Measured
+side by side (bench/learned.py, 3 seeds), "open" played 20% fewer episodes on the largest-digit
+task but ended 0.01-0.1 lower on held-out evaluation there and 0.07 lower on the quickstart's,
+so it is offered, not the default."""
 
 
 @dataclass

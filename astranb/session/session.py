@@ -360,7 +360,7 @@ class Session:
         stall_seconds: float = STALL_SECONDS,
         max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES,
         stop_when_learned: bool = False,
-        sampler: str = "open",
+        sampler: str = "stream",
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
