@@ -5,7 +5,7 @@
     .venv/bin/python bench/learned.py --only largest --configs defaults
 
 Two tasks, each run in three configurations side by side in one process (`CONFIGS`:
-astranb's defaults, the bound without the open-samples sampler, and neither), seeds and
+astranb's defaults, the bound with the open-samples sampler, and no bound), seeds and
 configurations interleaved so they share the machine's load:
 
     largest     `LargestDigit`: "max(a,b,c)=" -> the largest of three digits, one token, with
@@ -60,11 +60,12 @@ class LargestDigit(ab.Environment):
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "no sampler": {"sampler": "stream"},
-    "unbounded": {"sampler": "stream", "max_gen_batches": None},
+    "open sampler": {"sampler": "open"},
+    "unbounded": {"max_gen_batches": None},
 }
-"""`session.train` arguments of each configuration run side by side: astranb's defaults, the
-bound without the open-samples sampler, and neither (dynamic sampling as it was)."""
+"""`session.train` arguments of each configuration run side by side: astranb's defaults (the
+bound, every sample played), the bound with the open-samples sampler, and no bound (dynamic
+sampling as it was)."""
 
 
 def train(env: ab.Environment, steps: int, cap: float, workdir: Path, seed: int,
