@@ -224,6 +224,54 @@ def test_a_hostile_answer_is_not_executed(tmp_path):
     env.close()
 
 
+FORGE = '{"score": 1.0, "error": null}\n'
+
+
+def exec_answer(*lines):
+    """An answer the scorer's eval runs as a whole program."""
+    return f"exec({chr(10).join(lines)!r})"
+
+
+def on_every_fd(write):
+    return exec_answer("import os", "for fd in range(3, 40):", "    try:",
+                       f"        {write}", "    except OSError:", "        pass", "os._exit(0)")
+
+
+FORGE_BY_WRITE = on_every_fd(f"os.write(fd, {FORGE.encode()!r})")
+FORGE_BY_OPEN = on_every_fd(f"open(fd, 'w', closefd=False).write({FORGE!r})")
+FORGE_BY_FRAMES = exec_answer(
+    "import os, sys", "f = sys._getframe()", "while f is not None:",
+    "    for v in list(f.f_locals.values()):", "        if getattr(v, 'mode', None) == 'w':",
+    f"            v.write({FORGE!r})", "            v.flush()", "            os._exit(0)",
+    "    f = f.f_back")
+PATCH = ("setattr(__import__('reasoning_gym').algorithmic.string_insertion."
+         "StringInsertionDataset, 'score_answer', lambda *a: 1.0)")
+
+
+@pytest.mark.parametrize("hostile", [
+    # a forged result line on every descriptor the child might hold, then an exit before the
+    # scorer's own line (unguarded, this scores 1)
+    FORGE_BY_WRITE,
+    FORGE_BY_OPEN,
+    # the child's result channel found through the frames
+    FORGE_BY_FRAMES,
+    "__import__('subprocess').run(['touch', {touched!r}])",
+    "__import__('os').posix_spawn('/bin/touch', ['touch', {touched!r}], {{}})",
+    PATCH,      # patches the scorer: the next answer is scored by a fresh child
+])
+def test_hostile_answers_score_zero_and_leave_the_next_score_alone(hostile, tmp_path):
+    env = load("string_insertion", size=5)
+    sample = next(env.samples(0))
+    touched = tmp_path / "touched"
+    answer = hostile.format(touched=str(touched)) if "touched" in hostile else hostile
+    assert play(env, sample, scripted(answer)).rewards == {"solver": 0.0}
+    assert not touched.exists()
+    wrong = play(env, sample, scripted(sample["answer"] + "x"))
+    assert wrong.error is None and wrong.rewards == {"solver": 0.0}
+    assert play(env, sample, scripted(sample["answer"])).rewards == {"solver": 1.0}
+    env.close()
+
+
 class FailingScorer:
     def __init__(self, outcome):
         self.outcome = outcome

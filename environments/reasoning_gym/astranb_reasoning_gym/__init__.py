@@ -8,9 +8,9 @@
 
 Samples are reasoning-gym's entries (`reasoning_gym.create_dataset(task, size=, seed=)`, or its
 composite dataset for a mix); the reward is the task's own `score_answer`, partial credit
-included, run in a worker process with limits and an audit hook (many scorers `eval` the
-answer, which is model text). The answer is the bare reply, or with `answer_tag=True` the last
-`<answer>...</answer>`.
+included, run in a child process forked for each answer, with limits and an audit hook (many
+scorers `eval` the answer, which is model text). The answer is the bare reply, or with
+`answer_tag=True` the last `<answer>...</answer>`.
 """
 
 from __future__ import annotations

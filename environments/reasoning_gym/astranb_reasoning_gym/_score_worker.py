@@ -3,12 +3,19 @@
 Many reasoning-gym scorers `eval` the answer they are given (string_insertion, n_queens,
 spiral_matrix, binary_matrix) or hand it to SymPy's `parse_expr`, which evals too (countdown,
 puzzle24, polynomial_multiplication, the integration tasks). The answer is model text, so the
-scorer never runs in the episode's process: this worker builds the same datasets from their
-spec, then, before it reads any answer, puts itself under limits and an audit hook that refuses
-what a hostile answer would want (starting processes, sockets, ctypes, writing, renaming or
-removing files, signals). A refused action raises inside the scorer, which scores the answer as
-it scores any unreadable one. The parent (`astranb_reasoning_gym.scorer.Scorer`) owns the
-timeout and kills the worker's process group past it.
+scorer never runs in the episode's process. This worker builds the same datasets from their
+spec, then scores each answer in a child forked for it alone: whatever an answer changes in its
+child (a patched scorer, a patched builtin) ends with that child, so no answer can touch another
+answer's score. Before the child calls the scorer it closes the worker's protocol channel,
+sets resource limits, removes the os module's raw write functions, and adds an audit hook. The
+hook refuses anything a hostile answer would want: starting processes, sockets, ctypes, mmap,
+opening files for writing, renaming or removing files, signals, and reaching frames or the
+garbage collector's object lists (where the child's result channel could be found). A refused
+action raises inside the scorer, which scores the answer as it scores any unreadable one. An
+answer that the scorer evals still runs inside that scorer, so it can change what the scorer
+returns for it: the reward of one episode, never anything outside the child. The parent
+(`astranb_reasoning_gym.scorer.Scorer`) owns the timeout and kills the worker's process group
+(children included) past it.
 
 Protocol: a first line {"spec": {...}} (see `build`) answered by {"ready": true} or
 {"ready": false, "error": ...}; then {"split": "train" | "test", "index": int, "answer": str}
@@ -22,6 +29,7 @@ when the process named in ASTRANB_PARENT_PID is no longer its parent.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -38,7 +46,13 @@ _REFUSED = {"os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.re
             "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
             "os.link", "os.symlink", "os.utime", "os.putenv", "os.unsetenv", "os.chdir",
             "os.startfile", "signal.pthread_kill", "sys.addaudithook", "code.__new__",
-            "urllib.Request", "webbrowser.open"}
+            "urllib.Request", "webbrowser.open", "sys._getframe", "sys._current_frames",
+            "sys._current_exceptions", "sys.settrace", "sys.setprofile", "gc.get_objects",
+            "gc.get_referrers", "gc.get_referents", "mmap.__new__"}
+_FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals",
+                     "f_globals"}
+_RAW_WRITES = ("write", "writev", "pwrite", "pwritev", "sendfile", "splice", "copy_file_range",
+               "dup", "dup2", "fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
@@ -76,26 +90,61 @@ def main() -> None:
     except Exception as error:
         _send(protocol, {"ready": False, "error": f"{type(error).__name__}: {error}"})
         return
-    _contain()
     _send(protocol, {"ready": True})
     for line in sys.stdin:
-        request = json.loads(line)
-        _send(protocol, _score(datasets, request))
+        _send(protocol, _in_child(datasets, json.loads(line), protocol.fileno()))
 
 
-def _score(datasets: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+def _in_child(datasets: dict[str, Any], request: dict[str, Any], protocol: int) -> dict[str, Any]:
+    """Score one request in a forked child; its one JSON line comes back on a fresh pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        os.close(protocol)
+        _child(datasets, request, os.fdopen(write, "w", encoding="utf-8"))
+    os.close(write)
+    with os.fdopen(read, encoding="utf-8") as result:
+        lines = result.read().splitlines()
+    _, status = os.waitpid(pid, 0)
+    if len(lines) != 1 or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return {"score": 0.0, "error": None}  # the answer ended its scorer (or wrote to it)
+    reply = json.loads(lines[0])
+    score = float(reply["score"])
+    if not math.isfinite(score):
+        return {"score": 0.0, "error": f"the scorer returned {score}"}
+    return {"score": score, "error": reply["error"]}
+
+
+def _child(datasets: dict[str, Any], request: dict[str, Any], result: IO[str]) -> None:
+    # bound before the answer runs: an answer that patches json, float or str reaches only
+    # the module attributes and builtins, not these names
+    dumps, to_float, to_str, exit_now = json.dumps, float, str, os._exit
     dataset = datasets[request["split"]]
     try:
         entry = dataset[int(request["index"])]
-        score = float(dataset.score_answer(request["answer"], entry))
-    except BaseException as error:  # the scorer's own failure, or a refused action
-        return {"score": 0.0, "error": f"{type(error).__name__}: {error}"[:500]}
-    return {"score": score, "error": None}
+        _contain()
+        score, error = to_float(dataset.score_answer(request["answer"], entry)), None
+    except BaseException as failure:  # the scorer's own failure, or a refused action
+        score, error = 0.0, to_str(f"{type(failure).__name__}: {failure}")[:500]
+    try:
+        result.write(dumps({"score": score, "error": error}) + "\n")
+        result.flush()
+    finally:
+        exit_now(0)
 
 
 def _contain() -> None:
-    """Limits and the audit hook, set after the datasets are built and before any answer."""
+    """Limits, no raw writes and the audit hook, set in the child before the scorer runs."""
+    import _posixsubprocess  # subprocess's fork_exec raises no audit event of its own
+    import posix
     import resource
+
+    for name in _RAW_WRITES:
+        for module in (os, posix):
+            if hasattr(module, name):
+                setattr(module, name, _refused(name))
+    _posixsubprocess.fork_exec = _refused("fork_exec")
 
     for limit, value in ((resource.RLIMIT_AS, MEMORY_BYTES), (resource.RLIMIT_FSIZE, 0),
                          (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_CORE, 0)):
@@ -106,9 +155,17 @@ def _contain() -> None:
     sys.addaudithook(_refuse)
 
 
+def _refused(name: str) -> Any:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(f"{name} is not allowed while scoring an answer")
+    return refused
+
+
 def _refuse(event: str, args: tuple[Any, ...]) -> None:
     if event in _REFUSED or event.startswith(_REFUSED_PREFIXES):
         raise PermissionError(f"{event} is not allowed while scoring an answer")
+    if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRIBUTES:
+        raise PermissionError(f"reaching .{args[1]} is not allowed while scoring an answer")
     if event == "open" and _writes(args):
         raise PermissionError(f"opening {args[0]!r} for writing is not allowed while scoring")
 

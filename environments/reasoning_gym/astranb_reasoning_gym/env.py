@@ -42,10 +42,10 @@ class ReasoningGym(Environment):
     first line is taken) or, with `answer_tag=True`, the content of the last
     `<answer>...</answer>` (reasoning-gym's own prompt convention; no tag counts `no_answer`
     and scores 0). The reward is the task's score, partial credit included (spell_backward
-    gives 0.86 for one letter wrong), computed in a worker process that may not start
-    processes, open sockets or write files, since many scorers `eval` the answer (see
-    `_score_worker`). A scorer that raises fails its episode only; one past `score_timeout`
-    scores 0 and is counted `score_timeout`.
+    gives 0.86 for one letter wrong), computed in a child process forked for that answer alone,
+    which may not start processes, open sockets, write files or reach frames, since many
+    scorers `eval` the answer (see `_score_worker`). A scorer that raises fails its episode
+    only; one past `score_timeout` scores 0 and is counted `score_timeout`.
 
     Args:
         task: a task name ("basic_arithmetic", "spell_backward", ... any name in

@@ -1,7 +1,8 @@
 """Scoring answers with the task's own scorer, in a worker process, with a hard timeout.
 
-`Scorer` keeps one worker subprocess (`_score_worker.py`, run as a script, contained as its
-docstring says) that rebuilds the environment's datasets from their JSON spec, and talks to it in
+`Scorer` keeps one worker subprocess (`_score_worker.py`, run as a script; each answer is scored
+in a contained child of it, as its docstring says) that rebuilds the environment's datasets from
+their JSON spec, and talks to it in
 JSON lines: (split, index, answer) in, the scorer's float out. The blocking pipe reads run in a
 thread, one request at a time. A request past `timeout` kills the worker's process group and
 raises `ScoreTimeout`; the next request starts a fresh worker. No pickle: entries never cross
