@@ -28,6 +28,7 @@ when the process named in ASTRANB_PARENT_PID is no longer its parent.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from typing import IO, Any
 
 PARENT_ENV = "ASTRANB_PARENT_PID"
 POLL = 0.2  # seconds between looks at the parent
-MEMORY_BYTES = 4 << 30  # address space a scorer may use
+MEMORY_BYTES = 2 << 30  # address space a scorer may add to what the worker has mapped
 
 _REFUSED_PREFIXES = ("subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "socket.", "ctypes.",
                      "shutil.", "pty.", "winreg.", "_winapi.")
@@ -87,22 +88,40 @@ def main() -> None:
     try:
         spec = json.loads(sys.stdin.readline())["spec"]
         datasets = {split: build(spec, split) for split in ("train", "test")}
+        _warm(datasets["train"])
+        gc.freeze()  # children do not walk (and so copy) the objects built so far
     except Exception as error:
         _send(protocol, {"ready": False, "error": f"{type(error).__name__}: {error}"})
         return
     _send(protocol, {"ready": True})
+    entries: dict[tuple[str, int], Any] = {}  # generating an entry can take longer than scoring
     for line in sys.stdin:
-        _send(protocol, _in_child(datasets, json.loads(line), protocol.fileno()))
+        request = json.loads(line)
+        key = (request["split"], int(request["index"]))
+        if key not in entries:
+            entries[key] = datasets[key[0]][key[1]]
+        reply = _in_child(datasets[key[0]], entries[key], request["answer"], protocol.fileno())
+        _send(protocol, reply)
 
 
-def _in_child(datasets: dict[str, Any], request: dict[str, Any], protocol: int) -> dict[str, Any]:
-    """Score one request in a forked child; its one JSON line comes back on a fresh pipe."""
+def _warm(dataset: Any) -> None:
+    """Score the first entry's own gold answer (task text, not model text) once, so that what the
+    scorer imports on first use is imported before the fork and not again in every child."""
+    entry = dataset[0]
+    try:
+        dataset.score_answer(entry.get("answer"), entry)
+    except Exception:  # a scorer that cannot score its own answer fails on the real ones
+        pass
+
+
+def _in_child(dataset: Any, entry: Any, answer: str, protocol: int) -> dict[str, Any]:
+    """Score one answer in a forked child; its one JSON line comes back on a fresh pipe."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read)
         os.close(protocol)
-        _child(datasets, request, os.fdopen(write, "w", encoding="utf-8"))
+        _child(dataset, entry, answer, os.fdopen(write, "w", encoding="utf-8"))
     os.close(write)
     with os.fdopen(read, encoding="utf-8") as result:
         lines = result.read().splitlines()
@@ -116,15 +135,13 @@ def _in_child(datasets: dict[str, Any], request: dict[str, Any], protocol: int) 
     return {"score": score, "error": reply["error"]}
 
 
-def _child(datasets: dict[str, Any], request: dict[str, Any], result: IO[str]) -> None:
+def _child(dataset: Any, entry: Any, answer: str, result: IO[str]) -> None:
     # bound before the answer runs: an answer that patches json, float or str reaches only
     # the module attributes and builtins, not these names
     dumps, to_float, to_str, exit_now = json.dumps, float, str, os._exit
-    dataset = datasets[request["split"]]
     try:
-        entry = dataset[int(request["index"])]
         _contain()
-        score, error = to_float(dataset.score_answer(request["answer"], entry)), None
+        score, error = to_float(dataset.score_answer(answer, entry)), None
     except BaseException as failure:  # the scorer's own failure, or a refused action
         score, error = 0.0, to_str(f"{type(failure).__name__}: {failure}")[:500]
     try:
@@ -146,13 +163,21 @@ def _contain() -> None:
                 setattr(module, name, _refused(name))
     _posixsubprocess.fork_exec = _refused("fork_exec")
 
-    for limit, value in ((resource.RLIMIT_AS, MEMORY_BYTES), (resource.RLIMIT_FSIZE, 0),
+    bound = _mapped() + MEMORY_BYTES
+    for limit, value in ((resource.RLIMIT_AS, bound), (resource.RLIMIT_FSIZE, 0),
                          (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_CORE, 0)):
         try:
             resource.setrlimit(limit, (value, value))
         except (ValueError, OSError):  # above the hard limit already set for us: keep that
             pass
     sys.addaudithook(_refuse)
+
+
+def _mapped() -> int:
+    """Bytes of address space this process has mapped (threads and arenas reserve much more
+    than they use, so the bound is set above it, not as a fixed total)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _refused(name: str) -> Any:
