@@ -370,3 +370,13 @@ def test_the_readme_table_row_is_true(spelling):
     assert row["multi-agent"].startswith("no") and spelling.roles == ("solver",)
     assert row["streaming"].startswith("no")
     assert row["partial rewards"].startswith("yes") and 0 < trajectory.rewards["solver"] < 1
+
+
+def test_an_answer_that_hangs_its_scorer_times_out_and_the_next_one_is_scored():
+    env = load("string_insertion", size=5, score_timeout=1.0)
+    sample = next(env.samples(0))
+    hung = play(env, sample, scripted(exec_answer("while True:", "    pass")))
+    assert hung.error is None and hung.rewards == {"solver": 0.0}
+    assert hung.counts["score_timeout"] == 1
+    assert play(env, sample, scripted(sample["answer"])).rewards == {"solver": 1.0}
+    env.close()
