@@ -4,9 +4,9 @@ Each worker loops: pick an environment (by the sampling weights of the wired env
 for admission of its policies, take its next sample, play `group_size` episodes of it
 concurrently, then hand the group to the buffer of every policy that played in it. A group whose
 rewards are all equal for every policy that filters (dynamic sampling) is dropped here, up to a
-budget per step (see `sampling`: past it, tied groups are trained), and so are failed episodes;
-a failed episode is still recorded. Tied groups are also where a learned task shows: a "learned"
-event is recorded here.
+budget per step (see `sampling`: past it, the policy's buffer is cut and its step takes the
+groups it has), and so are failed episodes; a failed episode is still recorded. Tied groups
+are also where a learned task shows: a "learned" event is recorded here.
 
 A run that cannot get anywhere stops with an error that says why, instead of spinning forever:
 every episode keeps failing (`EpisodesKeepFailing`); episodes keep ending before their policy
@@ -193,10 +193,10 @@ class Orchestrator:
             this many in a row of one environment that sampled no token.
         remote: rollout services that play the episodes instead of this process.
         filter_budget: groups a policy may drop by filter_groups between two of its steps
-            before its tied groups are trained (`sampling.filter_budget`; None: no bound).
+            before its buffer is cut (`sampling.filter_budget`; None: no bound).
         learned_after: tied groups in a row at the best reward that make a "learned" event.
         on_learned: called with a policy's name when its "learned" event is recorded.
-        open_samples: skip samples whose groups tie, most of the time (`sampling.OpenSamples`);
+        open_samples: skip samples lately solved, most of the time (`sampling.OpenSamples`);
             None: play every sample.
     """
 
@@ -307,7 +307,7 @@ class Orchestrator:
             known = None if seen is None else seen.key(sample)
             if seen is not None and not seen.play(known):
                 self._skip(key, names, known)
-                await anyio.lowlevel.checkpoint()  # an endless run of settled samples must yield
+                await anyio.lowlevel.checkpoint()  # an endless run of solved samples must yield
                 continue
             group = await self.play_group(sample, source, key)
             self._deliver(group, source)
@@ -476,7 +476,7 @@ class Orchestrator:
         return None if _enough(group, name) else "failed"
 
     def _add_filtered(self, name: str) -> None:
-        """One more group of `name` filtered (played and tied, or skipped as settled) since its
+        """One more group of `name` filtered (played and tied, or skipped as solved) since its
         last step; at its budget, its waiting step is told to take what it has."""
         since = self.counters.filtered_since_step
         since[name] = since.get(name, 0) + 1

@@ -23,6 +23,7 @@ policy's tokenizer (the tokens are scored as they are).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ class Reference:
 
 def reference_to_dict(reference: Reference) -> dict[str, Any]:
     """Plain values (a run's plan, a trainer child's header)."""
-    model = None if reference.model is None else _spec_dict(reference.model)
+    model = None if reference.model is None else dataclasses.asdict(reference.model)
     return {"model": model, "kl_coef": float(reference.kl_coef),
             "estimator": reference.estimator, "distill": float(reference.distill)}
 
@@ -83,9 +84,3 @@ def reference_from_dict(data: dict[str, Any]) -> Reference:
     return Reference(None if model is None else ModelSpec(**model),
                      float(data.get("kl_coef", 0.0)), str(data.get("estimator", "k3")),
                      float(data.get("distill", 0.0)))
-
-
-def _spec_dict(spec: ModelSpec) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(spec)
