@@ -118,6 +118,7 @@ LAYERS = (
         Part("contracts", ("contracts.py",), "Protocols: Engine, Trainer, Publisher, ...",
              uses=("types",)),
         Part("lifeline", ("lifeline.py",), "children out of Ctrl-C's reach, following us"),
+        Part("loopback", ("loopback.py",), "whether an address is this machine's own"),
     )),
 )
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat import encode, parse_assistant
 from ..errors import EpisodeTruncated
+from ..loopback import is_loopback
 from ..types import Generation, ToolCall, Turn
 from .conversation import completion_text
 from .openai_api import (
@@ -395,7 +396,7 @@ def create_app(endpoints: Endpoints) -> Any:
     def binding_of(request: Request) -> Binding:
         client = request.client.host if request.client else ""
         host = request.headers.get("host", "").rsplit(":", 1)[0].strip("[]")
-        if not (_loopback(client) and _loopback(host)):
+        if not (is_loopback(client) and is_loopback(host)):
             raise BadRequest("the endpoint serves loopback only (client and Host)", status=403)
         return endpoints.find(request.path_params.get("token", ""))
 
@@ -486,17 +487,6 @@ async def _events(answer: Mapping[str, Any], chunks: Any, include_usage: bool
                 "usage": answer["usage"]}
         yield f"data: {json.dumps(last)}\n\n"
     yield "data: [DONE]\n\n"
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 endpoints = Endpoints()

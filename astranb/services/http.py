@@ -11,7 +11,6 @@ Malformed requests get a 4xx whose message names the bad field.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import socket
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..errors import AstranbError
+from ..loopback import is_loopback
 from ..remote.serialize import JSON, MSGPACK, OCTETS, pack
 
 __all__ = ["ServiceConfig", "InsecureBind", "service_app", "install", "reply", "octets",
@@ -33,15 +33,6 @@ PUBLIC_PATHS = frozenset({"/health"})
 
 class InsecureBind(AstranbError, ValueError):
     """A service was asked to listen beyond loopback without a token."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
