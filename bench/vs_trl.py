@@ -193,8 +193,9 @@ def arithmetic_env(task: Task):
 
 
 def run_astranb(task: Task, staleness: int, seed: int, model_dir: Path, cap: float,
-                workdir: Path) -> list[dict]:
-    """One astranb run, stopped by `finished`; its rows.
+                workdir: Path, algorithm=None) -> list[dict]:
+    """One astranb run, stopped by `finished`; its rows. `algorithm`: GRPO's defaults unless
+    given (bench/zoo.py passes the zoo's configs).
 
     The stop rule is checked on each metrics row as it is recorded (`run.on_event`), as TRL's
     side checks it in a step callback: polling `run.metrics` from this thread would build a
@@ -204,7 +205,8 @@ def run_astranb(task: Task, staleness: int, seed: int, model_dir: Path, cap: flo
     import astranb as ab
 
     with ab.Session(workdir) as session:
-        policy = session.policy("solver", model=ab.models.local(model_dir), algorithm=ab.GRPO(),
+        policy = session.policy("solver", model=ab.models.local(model_dir),
+                                algorithm=algorithm or ab.GRPO(),
                                 optimizer=ab.AdamWConfig(lr=LR), max_batch_size=ENGINE_BATCH,
                                 seed=seed)
         session.wire(arithmetic_env(task), solver=policy)
