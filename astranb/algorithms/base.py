@@ -104,6 +104,29 @@ class Algorithm(ABC):
             (loss, metrics): a scalar tensor and a dict of python floats.
         """
 
+    def token_masks(
+        self,
+        logp_B_T: torch.Tensor,
+        old_logp_B_T: torch.Tensor,
+        adv_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """Which trained tokens the loss treats specially, for the step inspector: bool tensors
+        by name, such as "clipped" (PPO's clip is active: no gradient), "dropped" (M2PO's
+        mask) or "capped" (truncated importance weights at their cap).
+
+        The inspector calls this without grad, on the logprobs the loss saw, so a mask marks
+        exactly the tokens the loss's metric counts (`clip_frac`, `m2po_masked_frac`,
+        `tis_capped_frac`). The default: none.
+
+        Args:
+            logp_B_T, old_logp_B_T, adv_B_T, mask_B_T: as `loss` got them.
+
+        Returns:
+            name -> bool_B_T (False off the trained tokens).
+        """
+        return {}
+
     def batch_advantages(self, adv_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
         """The advantages a whole step trains on, from the per-group ones the batch holds.
 

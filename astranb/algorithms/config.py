@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from .base import Algorithm, _check_bool, _check_entropy, _check_number, _check_tis
-from .corrections import truncation
-from .losses import logp_gradient_loss, ppo_clip_loss
-from .m2po import m2po_loss
-from .surrogates import clipped_surrogate_loss
+from .corrections import truncation, truncation_masks
+from .losses import logp_gradient_loss, masked_log_ratio, ppo_clip_loss
+from .m2po import m2po_loss, m2po_mask
+from .surrogates import clipped_surrogate_loss, surrogate_clipped
 from .zoo import ZOO
 
 __all__ = [
@@ -114,6 +114,15 @@ class GRPO(Algorithm):
                                                weight_B_T=weight_B_T, num_tokens=num_tokens)
         return loss, {**metrics, **extra}
 
+    def token_masks(self, logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor,
+                    adv_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:
+        """"clipped" (what clip_frac counts) and, with tis_cap, "capped"."""
+        old_B_T, masks = truncation_masks(logp_B_T, old_logp_B_T, mask_B_T, self.tis_cap,
+                                          self.tis_level)
+        masks["clipped"] = surrogate_clipped(logp_B_T, old_B_T, adv_B_T, mask_B_T,
+                                             clip_low=self.clip_low, clip_high=self.clip_high)
+        return masks
+
 
 @dataclass(frozen=True)
 class M2PO(Algorithm):
@@ -166,6 +175,15 @@ class M2PO(Algorithm):
             only_violating=self.only_violating,
             num_tokens=num_tokens,
         )
+
+    @torch.no_grad()
+    def token_masks(self, logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor,
+                    adv_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:
+        """"dropped": the tokens `m2po_mask` removes (what m2po_masked_frac counts)."""
+        log_ratio_B_T = masked_log_ratio(logp_B_T, old_logp_B_T, mask_B_T)
+        kept_B_T = m2po_mask(log_ratio_B_T, mask_B_T, self.threshold,
+                             only_violating=self.only_violating, adv_B_T=adv_B_T)
+        return {"dropped": mask_B_T.bool() & ~kept_B_T.bool()}
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "truncated_is_weights",
     "truncation",
+    "truncation_masks",
     "kl_estimate",
     "kl_loss_term",
     "kl_reward_penalty",
@@ -100,10 +101,27 @@ def truncation(
     trainer_B_T = logp_B_T.detach()
     weight_B_T = truncated_is_weights(trainer_B_T, engine_logp_B_T, mask_B_T, cap=cap,
                                       level=level)
-    capped_B_T = (weight_B_T >= cap).to(weight_B_T.dtype)
+    capped_B_T = _capped(weight_B_T, mask_B_T, cap).to(weight_B_T.dtype)
     metrics = {"tis_weight_mean": float(token_mean(weight_B_T, mask_B_T)),
                "tis_capped_frac": float(token_mean(capped_B_T, mask_B_T))}
     return trainer_B_T, weight_B_T, metrics
+
+
+def _capped(weight_B_T: torch.Tensor, mask_B_T: torch.Tensor, cap: float) -> torch.Tensor:
+    return (weight_B_T >= cap) & mask_B_T.bool()
+
+
+@torch.no_grad()
+def truncation_masks(
+    logp_B_T: torch.Tensor, engine_logp_B_T: torch.Tensor, mask_B_T: torch.Tensor,
+    cap: float | None, level: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What `truncation` gives a loss's ratio to measure against, and its "capped" mask (the
+    tokens `tis_capped_frac` counts; none without a cap), for `Algorithm.token_masks`."""
+    old_B_T, weight_B_T, _ = truncation(logp_B_T, engine_logp_B_T, mask_B_T, cap, level)
+    if weight_B_T is None or cap is None:
+        return old_B_T, {}
+    return old_B_T, {"capped": _capped(weight_B_T, mask_B_T, cap)}
 
 
 def kl_estimate(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_mean", "ppo_clip_loss", "logp_gradient_loss"]
+__all__ = ["token_mean", "clip_active", "ppo_clip_loss", "logp_gradient_loss"]
 
 
 def token_mean(
@@ -98,6 +98,26 @@ def ratio_metrics(log_ratio_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> dict[s
     }
 
 
+@torch.no_grad()
+def clip_active(ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor, mask_B_T: torch.Tensor,
+                clip_low: float, clip_high: float) -> torch.Tensor:
+    """Trained tokens whose clipped term -clip(r) * A is the one the loss takes (no gradient):
+    what `clip_frac` counts.
+
+    Args:
+        ratio_B_T: each token's ratio (its own, or its sequence's).
+        adv_B_T: advantage of each token.
+        mask_B_T: 1 on trained tokens.
+        clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+
+    Returns:
+        bool_B_T, False off the trained tokens.
+    """
+    ratio_B_T = ratio_B_T.detach()
+    clipped_B_T = ratio_B_T.clamp(1 - clip_low, 1 + clip_high) * adv_B_T
+    return (clipped_B_T < ratio_B_T * adv_B_T) & mask_B_T.bool()
+
+
 def ppo_clip_loss(
     logp_B_T: torch.Tensor,
     old_logp_B_T: torch.Tensor,
@@ -131,7 +151,7 @@ def ppo_clip_loss(
     loss = token_mean(loss_B_T, mask_B_T, num_tokens)
 
     with torch.no_grad():
-        clip_active_B_T = clipped_surrogate_B_T < surrogate_B_T
+        clip_active_B_T = clip_active(ratio_B_T, adv_B_T, mask_B_T, clip_low, clip_high)
         metrics = {"clip_frac": float(token_mean(clip_active_B_T.to(loss.dtype), mask_B_T))}
         metrics.update(ratio_metrics(log_ratio_B_T, mask_B_T))
     return loss, metrics

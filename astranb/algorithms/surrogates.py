@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import torch
 
-from .losses import masked_log_ratio, ratio_metrics, token_mean
+from .losses import clip_active, masked_log_ratio, ratio_metrics, token_mean
 
-__all__ = ["LEVELS", "AGGREGATIONS", "aggregate", "clipped_surrogate_loss", "cispo_loss"]
+__all__ = ["LEVELS", "AGGREGATIONS", "aggregate", "clipped_surrogate_loss", "cispo_loss",
+           "surrogate_clipped", "cispo_clipped"]
 
 LEVELS = ("token", "sequence", "sequence_sum")
 AGGREGATIONS = ("token", "row", "constant")
@@ -153,7 +154,7 @@ def clipped_surrogate_loss(
     loss = aggregate(loss_B_T, mask_B_T, aggregation, num_tokens=num_tokens,
                      max_tokens=max_tokens)
     with torch.no_grad():
-        active_B_T = (clipped_B_T < surrogate_B_T).to(loss.dtype)
+        active_B_T = clip_active(ratio_B_T, adv_B_T, mask_B_T, clip_low, clip_high).to(loss.dtype)
         metrics = {"clip_frac": float(token_mean(active_B_T, mask_B_T))}
         metrics.update(ratio_metrics(token_log_ratio_B_T, mask_B_T))
     return loss, metrics
@@ -194,7 +195,35 @@ def cispo_loss(
     loss_B_T = _weighted(-is_weight_B_T * adv_B_T * safe_logp_B_T, weight_B_T)
     loss = token_mean(loss_B_T, mask_B_T, num_tokens)
     with torch.no_grad():
-        clipped_B_T = (is_weight_B_T != ratio_B_T).to(loss.dtype)
+        clipped_B_T = _weight_clipped(ratio_B_T, is_weight_B_T, mask_B_T).to(loss.dtype)
         metrics = {"cispo_clip_frac": float(token_mean(clipped_B_T, mask_B_T))}
         metrics.update(ratio_metrics(log_ratio_B_T, mask_B_T))
     return loss, metrics
+
+
+def _weight_clipped(ratio_B_T: torch.Tensor, weight_B_T: torch.Tensor,
+                    mask_B_T: torch.Tensor) -> torch.Tensor:
+    """Trained tokens whose CISPO weight was capped or floored (what cispo_clip_frac counts)."""
+    return (weight_B_T != ratio_B_T) & mask_B_T.bool()
+
+
+@torch.no_grad()
+def surrogate_clipped(
+    logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, adv_B_T: torch.Tensor,
+    mask_B_T: torch.Tensor, *, clip_low: float, clip_high: float, level: str = "token",
+) -> torch.Tensor:
+    """The tokens `clipped_surrogate_loss` counts in clip_frac (bool_B_T): the step inspector's
+    "clipped" mask, computed as the loss computes it."""
+    token_log_ratio_B_T = masked_log_ratio(logp_B_T, old_logp_B_T, mask_B_T)
+    ratio_B_T = torch.exp(_level_log_ratio(token_log_ratio_B_T, mask_B_T, level))
+    return clip_active(ratio_B_T, adv_B_T, mask_B_T, clip_low, clip_high)
+
+
+@torch.no_grad()
+def cispo_clipped(
+    logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, mask_B_T: torch.Tensor, *,
+    max_weight: float, min_weight: float,
+) -> torch.Tensor:
+    """The tokens `cispo_loss` counts in cispo_clip_frac (bool_B_T)."""
+    ratio_B_T = torch.exp(masked_log_ratio(logp_B_T, old_logp_B_T, mask_B_T))
+    return _weight_clipped(ratio_B_T, ratio_B_T.clamp(min_weight, max_weight), mask_B_T)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,8 +37,8 @@ from .advantages import (
     whiten,
 )
 from .base import Algorithm, _check_bool, _check_entropy, _check_number, _check_tis
-from .corrections import truncation
-from .surrogates import cispo_loss, clipped_surrogate_loss
+from .corrections import truncation, truncation_masks
+from .surrogates import cispo_clipped, cispo_loss, clipped_surrogate_loss, surrogate_clipped
 
 __all__ = ["DrGRPO", "DAPO", "GSPO", "CISPO", "RLOO", "ReinforcePP", "ZOO"]
 
@@ -72,6 +73,8 @@ class _Zoo(Algorithm):
     """Truncated importance sampling's cap C (Yao et al. 2025 use 2); None: off."""
     tis_level: str = "token"
     """"token": one weight per token; "sequence": one per sequence (the product of its ratios)."""
+    _level: ClassVar[str] = "token"
+    """The level of the clipped surrogate's ratio ("token", "sequence", "sequence_sum")."""
 
     def __post_init__(self) -> None:
         kind = type(self).__name__
@@ -98,9 +101,28 @@ class _Zoo(Algorithm):
         return loss, {**metrics, **extra}
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Clipped(_Zoo):
+    """The zoo's configs with a clipped surrogate (all but CISPO): their inspector masks."""
+
+    clip_low: float = 0.2
+    """The ratio is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """The ratio is clipped above at 1 + clip_high."""
+
+    def token_masks(self, logp_B_T: Tensor, old_logp_B_T: Tensor, adv_B_T: Tensor,
+                    mask_B_T: Tensor) -> dict[str, Tensor]:
+        """"clipped" (what clip_frac counts) and, with tis_cap, "capped"."""
+        old_B_T, masks = truncation_masks(logp_B_T, old_logp_B_T, mask_B_T, self.tis_cap,
+                                          self.tis_level)
+        masks["clipped"] = surrogate_clipped(logp_B_T, old_B_T, adv_B_T, mask_B_T,
+                                             clip_low=self.clip_low, clip_high=self.clip_high,
+                                             level=self._level)
+        return masks
+
 
 @dataclass(frozen=True, kw_only=True)
-class DrGRPO(_Zoo):
+class DrGRPO(_Clipped):
     """Dr. GRPO: GRPO without its two length and difficulty biases (Liu et al. 2025).
 
         A_i  = r_i - mean_g                          (no division by the group's std)
@@ -141,7 +163,7 @@ class DrGRPO(_Zoo):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DAPO(_Zoo):
+class DAPO(_Clipped):
     """DAPO: Decoupled clip and Dynamic sAmpling Policy Optimization (Yu et al. 2025).
 
         loss = sum over all tokens of -min(r_t A, clip(r_t, 1 - 0.2, 1 + 0.28) A) / tokens
@@ -192,7 +214,7 @@ class DAPO(_Zoo):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GSPO(_Zoo):
+class GSPO(_Clipped):
     """GSPO: Group Sequence Policy Optimization (Zheng et al. 2025).
 
         s_i  = exp(1/|y_i| * sum_t (logp_t - old_logp_t))     (the length-normalised ratio)
@@ -202,6 +224,7 @@ class GSPO(_Zoo):
     out, which is why the clip range is so much narrower than PPO's.
     """
 
+    _level: ClassVar[str] = "sequence"
     clip_low: float = 3e-4
     """The sequence ratio is clipped below at 1 - clip_low (GSPO: 3e-4)."""
     clip_high: float = 4e-4
@@ -224,7 +247,7 @@ class GSPO(_Zoo):
              num_tokens: Count = None) -> tuple[Tensor, Metrics]:
         """Sequence-level clipped surrogate, mean over sequences."""
         return self._surrogate(logp_B_T, old_logp_B_T, adv_B_T, mask_B_T, num_tokens,
-                               clip=(self.clip_low, self.clip_high), level="sequence",
+                               clip=(self.clip_low, self.clip_high), level=self._level,
                                aggregation="row")
 
 
@@ -269,9 +292,19 @@ class CISPO(_Zoo):
                                    weight_B_T=weight_B_T, num_tokens=num_tokens)
         return loss, {**metrics, **extra}
 
+    def token_masks(self, logp_B_T: Tensor, old_logp_B_T: Tensor, adv_B_T: Tensor,
+                    mask_B_T: Tensor) -> dict[str, Tensor]:
+        """"clipped": weights capped or floored (what cispo_clip_frac counts); "capped" with
+        tis_cap."""
+        old_B_T, masks = truncation_masks(logp_B_T, old_logp_B_T, mask_B_T, self.tis_cap,
+                                          self.tis_level)
+        masks["clipped"] = cispo_clipped(logp_B_T, old_B_T, mask_B_T, max_weight=self.max_weight,
+                                         min_weight=self.min_weight)
+        return masks
+
 
 @dataclass(frozen=True, kw_only=True)
-class RLOO(_Zoo):
+class RLOO(_Clipped):
     """RLOO: REINFORCE Leave-One-Out (Ahmadian et al. 2024, after Kool et al. 2019).
 
         A_i  = r_i - 1/(N-1) * sum over j != i of r_j
@@ -283,6 +316,7 @@ class RLOO(_Zoo):
     (as TRL's RLOO trainer does).
     """
 
+    _level: ClassVar[str] = "sequence_sum"
     clip_low: float = 0.2
     """The sequence ratio is clipped below at 1 - clip_low."""
     clip_high: float = 0.2
@@ -309,12 +343,12 @@ class RLOO(_Zoo):
              num_tokens: Count = None) -> tuple[Tensor, Metrics]:
         """Whole-sequence clipped surrogate, mean over sequences."""
         return self._surrogate(logp_B_T, old_logp_B_T, adv_B_T, mask_B_T, num_tokens,
-                               clip=(self.clip_low, self.clip_high), level="sequence_sum",
+                               clip=(self.clip_low, self.clip_high), level=self._level,
                                aggregation="row")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReinforcePP(_Zoo):
+class ReinforcePP(_Clipped):
     """REINFORCE++ (Hu et al. 2025), the "with baseline" variant for group sampling by default.
 
         A    = r_i - mean_g            (group_baseline; the plain variant uses r_i)

@@ -28,6 +28,7 @@ from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
 from .reference import Reference
+from .trace import StepRecording, StepTrace
 
 __all__ = [
     "AdamWConfig",
@@ -135,7 +136,7 @@ def step_advantages(algorithm: Algorithm, batch: Batch) -> Batch:
 
 def backward_micro_batches(
     model, algorithm: Algorithm, batch: Batch, rows: list[slice], num_tokens: int,
-    kl: KLTerm | None = None,
+    kl: KLTerm | None = None, recording: StepRecording | None = None,
 ) -> dict[str, float]:
     """Forward, loss and backward on each row slice; gradients add up in the model.
 
@@ -147,6 +148,7 @@ def backward_micro_batches(
         num_tokens: denominator of every token mean: the whole step's token count, so that
             micro-batches (and data-parallel ranks) add up to one token mean over the step.
         kl: KL to a reference policy added to the loss (None: none).
+        recording: what a step the inspector samples keeps of each slice (None: nothing).
 
     Returns:
         {"loss": summed loss, "entropy" and each algorithm metric: the sum of the slices' token
@@ -155,7 +157,7 @@ def backward_micro_batches(
     """
     totals: dict[str, float] = {}
     for part in rows:
-        loss, metrics = _micro_step(model, algorithm, batch, part, num_tokens, kl)
+        loss, metrics = _micro_step(model, algorithm, batch, part, num_tokens, kl, recording)
         weight = float(batch.loss_mask_B_T[part].sum()) / num_tokens
         totals["loss"] = totals.get("loss", 0.0) + float(loss)
         for key, value in metrics.items():
@@ -197,8 +199,10 @@ class KLTerm:
 
 
 def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_tokens: int,
-                kl: KLTerm | None = None):
+                kl: KLTerm | None = None, recording: StepRecording | None = None):
     logp, entropy = token_logprobs(model, batch, rows)
+    if recording is not None:
+        recording.watch(logp)
     mask = batch.loss_mask_B_T[rows]
     loss, metrics = algorithm.loss(
         logp, batch.old_logp_B_T[rows], batch.advantages_B_T[rows], mask, num_tokens=num_tokens
@@ -219,6 +223,8 @@ def _micro_step(model, algorithm: Algorithm, batch: Batch, rows: slice, num_toke
     metrics["logp_gap_mean"], metrics["logp_gap_max"] = logp_gap(
         logp, batch.old_logp_B_T[rows], mask)
     loss.backward()
+    if recording is not None:
+        recording.micro_batch(algorithm, batch, rows, logp)
     return loss.detach(), metrics
 
 
@@ -290,17 +296,29 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1."""
+        return self._step(batch, None)[0]
+
+    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
+        """`step`, and what it trained token by token (the step inspector, training/trace.py)."""
+        metrics, batch = self._step(batch, recording := StepRecording())
+        return metrics, recording.trace(self.algorithm, batch)
+
+    def _step(self, batch: Batch, recording: StepRecording | None
+              ) -> tuple[dict[str, float], Batch]:
         batch = step_advantages(self.algorithm, _to(batch, self.device))
         num_tokens = max(batch.num_tokens, 1)
         batch, kl, scored = self._scored(batch)
         self.optimizer.zero_grad(set_to_none=True)
         rows = micro_batches(0, batch.size, self._rows_per_pass(batch))
-        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens, kl)
+        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens, kl,
+                                        recording)
         totals.update(scored)
+        if recording is not None:
+            recording.gradients(self.model)
         totals["grad_norm"] = clip_and_step(self.model, self.optimizer, self.optimizer_config)
         totals["tokens"] = float(batch.num_tokens)
         self.version += 1
-        return totals
+        return totals, batch
 
     def _scored(self, batch: Batch) -> tuple[Batch, KLTerm | None, dict[str, float]]:
         """The reference's part of a step: its logprobs of the batch's tokens, the distillation
