@@ -45,6 +45,7 @@ from .session.recorder import Episode
 from .session.run import Run, RunRecord, open_run
 from .session.session import Session
 from .training.local import AdamWConfig, LocalTrainer
+from .training.lora import LoRA
 from .training.reference import Reference
 from .types import (
     Generation,
@@ -68,7 +69,7 @@ __all__ = [
     "SamplingParams", "GenerationRequest", "Generation", "Turn", "ToolCall", "Trajectory",
     # algorithms, training and the contracts
     "GRPO", "M2PO", "DrGRPO", "DAPO", "GSPO", "CISPO", "RLOO", "ReinforcePP", "Algorithm",
-    "AdamWConfig", "Reference", "LocalTrainer", "Trainer", "Engine", "Publisher",
+    "AdamWConfig", "Reference", "LoRA", "LocalTrainer", "Trainer", "Engine", "Publisher",
     "WeightUpdate",
     # debugging (the notebook UI, imported on first use)
     "debug", "EpisodeDebugger",

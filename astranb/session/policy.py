@@ -21,6 +21,7 @@ from ..algorithms import Algorithm
 from ..contracts import Engine, Publisher, SupervisedTrainer, Trainer
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
+from ..training.lora import LoRA
 from ..training.sft import Demonstration, sft_batches
 from ..types import Batch
 
@@ -56,6 +57,8 @@ class Policy:
     """Most sequences an engine decodes at once."""
     seed: int = 0
     """Sampling seed of the engine(s)."""
+    lora: LoRA | None = None
+    """The LoRA adapters the trainer trains in place of the full weights (None: full weights)."""
     run_on_loop: Callable[[Callable[[], Awaitable[Any]]], Any] | None = field(
         default=None, repr=False)
     """Runs a coroutine function on the session's event loop (set by the session)."""
@@ -149,15 +152,27 @@ class Policy:
         self.run_on_loop(self.publish)
         return history
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike[str], *, merged: bool = False) -> Path:
         """Write the policy's current weights (the trainer's, full precision) with its config
         and tokenizer as a Hugging Face model folder, which `ab.models.local(directory)` reads
         back: e.g. a trained teacher for `ab.Reference(model=..., distill=1.0)`.
+
+        A LoRA policy writes PEFT's adapter folder (adapter_config.json and
+        adapter_model.safetensors, loaded by `peft.PeftModel.from_pretrained(base, directory)`)
+        and its tokenizer; `merged=True` writes the base model with the adapters merged instead.
 
         Returns:
             The folder.
         """
         directory = Path(directory)
+        if self.lora is not None and not merged:
+            save_adapter = getattr(self.trainer, "save_adapter", None)
+            if save_adapter is None:
+                raise ValueError(f"policy {self.name!r}: its trainer "
+                                 f"({type(self.trainer).__name__}) cannot write adapters")
+            save_adapter(directory)
+            self.spec.tokenizer().save_pretrained(directory)
+            return directory
         model = self.spec.build(dtype=torch.float32, device="cpu")
         model.load_state_dict({k: v.float() if v.is_floating_point() else v
                                for k, v in self.trainer.weights().items()})

@@ -40,6 +40,7 @@ from ..contracts import Checkpointable
 from ..dataflow.config import RunConfig
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
+from ..training.lora import lora_from_dict
 from ..training.reference import reference_from_dict
 from ..weights.codec import checksum
 from .checkpoint import (
@@ -361,6 +362,8 @@ def _policies(context: RunContext, plan: Mapping[str, Any],
             options = dict(recipe["options"])
             if options.get("reference") is not None:  # as plan.json keeps it: plain values
                 options["reference"] = reference_from_dict(options["reference"])
+            if options.get("lora") is not None:
+                options["lora"] = lora_from_dict(options["lora"])
             policy = make_policy(name, spec,
                                  algorithm=_algorithm_of(name, recipe["algorithm"]),
                                  optimizer=AdamWConfig(**optimizer), **options)

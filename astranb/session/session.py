@@ -41,6 +41,7 @@ from ..remote.scaling import Autoscaler
 from ..remote.serialize import spec_to_wire
 from ..remote.trainer import RemoteTrainer
 from ..training.local import AdamWConfig, LocalTrainer
+from ..training.lora import LoRA, lora_to_dict
 from ..training.reference import Reference, reference_to_dict
 from ..weights.publish import EnginePublisher, StatePublisher
 from ..weights.store import WeightStore
@@ -155,6 +156,7 @@ class Session:
         weight_transfer: str = "delta",
         full_every: int = 10,
         reference: Reference | None = None,
+        lora: LoRA | None = None,
     ) -> Policy:
         """Create a policy: a rollout engine and a trainer over two copies of `model`.
 
@@ -176,6 +178,10 @@ class Session:
                 to the loss; `ab.Reference(model=teacher, distill=1.0)` is on-policy
                 distillation from a teacher (training/reference.py). Thread and process
                 trainers; not with trainer services yet.
+            lora: train low-rank adapters (PEFT) instead of the full weights:
+                `ab.LoRA(rank=8, alpha=16)`. Engines get the merged weights; checkpoints and
+                `policy.save_pretrained` hold the adapters (training/lora.py). Thread and
+                process trainers; not with trainer services yet.
         """
         self._context.check_open()
         if name in self.policies:
@@ -185,7 +191,14 @@ class Session:
         spec, algorithm, optimizer = resolve(model), algorithm or GRPO(), optimizer or AdamWConfig()
         if reference is not None and not isinstance(reference, Reference):
             raise TypeError(f"reference must be an ab.Reference(...), got {reference!r}")
+        if lora is not None and not isinstance(lora, LoRA):
+            raise TypeError(f"lora must be an ab.LoRA(...), got {lora!r}; e.g. "
+                            "lora=ab.LoRA(rank=8, alpha=16)")
         if self._context.pool is not None:
+            if lora is not None:
+                raise ValueError("lora= trains adapters in a trainer on this machine (thread or "
+                                 "process); rollout and trainer services do not take it yet. "
+                                 "Leave lora out, or train here")
             if reference is not None:
                 raise ValueError("reference= is scored by a trainer in this machine (thread or "
                                  "process); rollout and trainer services do not take it yet. "
@@ -215,24 +228,26 @@ class Session:
                                  "payloads: leave weight_transfer out")
             trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
                                      device=self.device, dtype=dtype, full_every=full_every,
-                                     log=trainer_log(self.directory, name), reference=reference)
+                                     log=trainer_log(self.directory, name), reference=reference,
+                                     lora=lora)
             self._context.stack.callback(trainer.close)
             publisher = ProcessPublisher(eng, trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype,
-                                   reference=reference)
+                                   reference=reference, lora=lora)
             publisher = (EnginePublisher(name, eng, trainer,
                                          WeightStore(name, full_every=full_every))
                          if weight_transfer == "delta" else StatePublisher(name, eng, trainer))
         publisher.publish_initial()
         policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
-                        max_batch_size=max_batch_size, seed=seed)
+                        max_batch_size=max_batch_size, seed=seed, lora=lora)
         policy.run_on_loop = self._context.call
         self.policies[name] = policy
         self._context.recipes[name] = {
             "engine": engine, "max_batch_size": max_batch_size, "seed": seed,
             "weight_transfer": weight_transfer, "full_every": full_every,
-            **({} if reference is None else {"reference": reference_to_dict(reference)})}
+            **({} if reference is None else {"reference": reference_to_dict(reference)}),
+            **({} if lora is None else {"lora": lora_to_dict(lora)})}
         return policy
 
     def _remote_policy(self, name: str, spec: ModelSpec, engine: str, algorithm: Algorithm,

@@ -27,6 +27,8 @@ from ..contracts import Checkpointable, SupervisedTrainer, Trainer
 from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
+from . import lora as adapters
+from .lora import LoRA
 from .reference import Reference
 from .trace import StepRecording, StepTrace
 
@@ -265,6 +267,7 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         reference: Reference | None = None,
+        lora: LoRA | None = None,
     ):
         self.spec = spec
         self.algorithm = algorithm
@@ -272,16 +275,19 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         self.micro_batch_size = micro_batch_size
         self.device = torch.device(device)
         self.model = spec.build(dtype=dtype, device=self.device).train()
+        self.reference = reference
+        self.reference_model = None if reference is None else self._frozen(reference, dtype)
+        self.lora = lora
+        if lora is not None:  # after the reference copied the base weights
+            self.model = adapters.wrap(self.model, lora).train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=optimizer.lr,
             betas=optimizer.betas,
             weight_decay=optimizer.weight_decay,
         )
         self.version = 0
         self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or 1)
-        self.reference = reference
-        self.reference_model = None if reference is None else self._frozen(reference, dtype)
 
     def _frozen(self, reference: Reference, dtype: torch.dtype):
         """The reference's model: its own spec built, or a copy of this model as built."""
@@ -383,17 +389,42 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
 
     @torch.no_grad()
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached CPU copy of the current weights, named as in the model's state_dict."""
+        """A detached CPU copy of the current weights, named as in the model's state_dict (with
+        LoRA: the base model's, adapters merged)."""
+        if self.lora is not None:
+            return adapters.merged_weights(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters' tensors, as PEFT names them.
+
+        Raises:
+            ValueError: the trainer trains the full weights (no `lora=`).
+        """
+        if self.lora is None:
+            raise ValueError("this trainer trains the full weights: there is no adapter (give "
+                             "lora=ab.LoRA(...) to session.policy to train one)")
+        return adapters.adapter_weights(self.model)
+
+    def save_adapter(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the adapters as PEFT's folder (`peft.PeftModel.from_pretrained` loads it)."""
+        self.adapter_weights()  # the error when there is none
+        return adapters.save_adapter(self.model, directory)
+
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write weights, optimizer state and version (safetensors + JSON; no pickle)."""
+        """Write weights, optimizer state and version (safetensors + JSON; no pickle); with LoRA
+        also the adapters (adapter.safetensors, what `load` restores)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        # with LoRA the adapters are the state (the base is the spec's, as built); the merged
+        # weights are kept too: what the policy is, and what a checkpoint's checksum covers
         save_file(self.weights(), directory / "model.safetensors")
+        if self.lora is not None:
+            save_file(self.adapter_weights(), directory / "adapter.safetensors")
         tensors, meta = optimizer_state_to_tensors(self.optimizer.state_dict())
         save_file(tensors, directory / "optimizer.safetensors")
-        info = {"version": self.version, "optimizer": asdict(self.optimizer_config), **meta}
+        info = {"version": self.version, "optimizer": asdict(self.optimizer_config), **meta,
+                "lora": None if self.lora is None else adapters.lora_to_dict(self.lora)}
         (directory / "trainer.json").write_text(json.dumps(info, indent=1))
         return directory
 
@@ -401,7 +432,15 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
         """Restore what `save` wrote (same model spec)."""
         directory = Path(directory)
         info = json.loads((directory / "trainer.json").read_text())
-        self.model.load_state_dict(load_file(directory / "model.safetensors"))
+        saved = info.get("lora")
+        if (saved is None) != (self.lora is None) or (
+                saved is not None and adapters.lora_from_dict(saved) != self.lora):
+            raise ValueError(f"checkpoint {directory} was written with lora={saved}, this "
+                             f"trainer has lora={self.lora}: resume with the same LoRA settings")
+        if self.lora is None:
+            self.model.load_state_dict(load_file(directory / "model.safetensors"))
+        else:
+            adapters.load_adapter_weights(self.model, load_file(directory / "adapter.safetensors"))
         tensors = load_file(directory / "optimizer.safetensors")
         self.optimizer.load_state_dict(optimizer_state_from_tensors(tensors, info))
         self.version = int(info["version"])
