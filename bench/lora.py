@@ -1,0 +1,179 @@
+"""LoRA (`ab.LoRA`, PEFT's adapters) against full fine-tuning on the quickstart's task and model.
+
+    .venv/bin/python bench/lora.py              # 3 seeds: ~25 min on 2 cores
+    .venv/bin/python bench/lora.py --quick      # 1 seed, 60 steps: a smoke run
+
+Two parts, the configurations interleaved seed by seed so the machine's load falls on both:
+
+  A. Learning, astranb's defaults (the trainer in a child process): notebooks/01_quickstart's
+     run (arithmetic, tiny Qwen3, batch 128 x group 8, max_staleness 2, GRPO with entropy 0.05)
+     for 600 steps, full fine-tuning at the quickstart's lr 1e-3 against LoRA (rank 8, alpha 16,
+     every linear layer but the head) at --lora-lr (adapters usually want a higher rate than full
+     fine-tuning). Reported: the last 10% of steps' reward (the quickstart's target: >= 0.6),
+     held-out accuracy after the run (512 samples), steps/s, and the trainer's seconds per step
+     (`trainer_seconds`: forward, backward and optimizer in the child).
+  B. Bytes per version, a trainer in this process publishing bf16 deltas through the weight store
+     (weight_transfer="delta", the path to rollout services): --bytes-steps steps of each
+     configuration. Full fine-tuning and LoRA's merged weights are measured from the rows
+     (`transfer_bytes` of the delta versions); for LoRA the adapters themselves are also taken
+     after every step (bf16, as published) and the delta between consecutive versions encoded
+     with the same codec: what would travel if engines merged the adapters themselves.
+
+Prints a markdown section for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import astranb as ab
+from astranb.weights import codec
+
+LORA = ab.LoRA(rank=8, alpha=16)
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def learning(lora: ab.LoRA | None, lr: float, steps: int, cap: float, workdir: Path,
+             seed: int) -> dict[str, Any]:
+    """Part A: one quickstart run with the defaults; stopped at `cap` seconds if not done."""
+    with ab.Session(workdir) as session:
+        policy = session.policy("solver", model=ab.models.tiny(),
+                                algorithm=ab.GRPO(entropy_coef=0.05),
+                                optimizer=ab.AdamWConfig(lr=lr), seed=seed, lora=lora)
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+        started = time.monotonic()
+        run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2, seed=seed)
+        while not run.done and time.monotonic() - started < cap:
+            time.sleep(0.5)
+        capped = not run.done
+        run.stop()
+        run.wait(progress=False)
+        rows = run.rows
+        evaluation = session.evaluate(n=512)["solver"]
+    n = len(rows)
+    tail = max(1, n // 10)
+    wall = float(rows[-1]["time"]) if rows else float("nan")
+    return {"steps": n, "capped": capped, "train_s": wall, "steps_per_s": n / wall if n else 0.0,
+            "reward_last10": _mean([float(r["reward"]) for r in rows[-tail:]]),
+            "final_eval": evaluation,
+            "trainer_s": statistics.median(float(r["trainer_seconds"]) for r in rows)
+            if rows else float("nan")}
+
+
+def transfer(lora: ab.LoRA | None, lr: float, steps: int, workdir: Path,
+             seed: int) -> dict[str, Any]:
+    """Part B: bytes per published version, merged (from the rows) and adapter-only."""
+    adapters: list[dict[str, torch.Tensor]] = []
+    with ab.Session(workdir, trainer="thread") as session:
+        policy = session.policy("solver", model=ab.models.tiny(),
+                                algorithm=ab.GRPO(entropy_coef=0.05),
+                                optimizer=ab.AdamWConfig(lr=lr), seed=seed, lora=lora,
+                                weight_transfer="delta", full_every=0)
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+        trainer: Any = policy.trainer
+
+        def on_event(kind: str, row: Any) -> None:
+            # called on the session's loop between steps: the adapters are not being updated
+            if kind == "metrics" and lora is not None:
+                adapters.append({k: v.to(torch.bfloat16)
+                                 for k, v in trainer.adapter_weights().items()})
+
+        if lora is not None:
+            adapters.append({k: v.to(torch.bfloat16) for k, v in trainer.adapter_weights().items()})
+        run = session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2, seed=seed)
+        run.on_event(on_event)
+        run.wait(progress=False)
+        rows = run.rows
+        weights = sum(t.numel() for t in trainer.weights().values())
+        adapter_numel = (sum(t.numel() for t in adapters[0].values()) if adapters else 0)
+    deltas = [int(r["transfer_bytes"]) for r in rows if r.get("transfer_kind") == "delta"]
+    changed = [float(r["changed_fraction"]) for r in rows if r.get("transfer_kind") == "delta"]
+    adapter_bytes = [len(codec.encode(a, b)) for a, b in zip(adapters, adapters[1:])
+                     if any(not torch.equal(a[k], b[k]) for k in a)]
+    return {"params": weights, "adapter_params": adapter_numel,
+            "full_bytes": weights * 2,
+            "delta_bytes": statistics.median(deltas) if deltas else float("nan"),
+            "changed": statistics.median(changed) if changed else float("nan"),
+            "adapter_full_bytes": adapter_numel * 2,
+            "adapter_delta_bytes": statistics.median(adapter_bytes) if adapter_bytes
+            else float("nan")}
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "n/a" if value != value else f"{value:.{digits}f}"
+
+
+def report(args, learn: dict[str, list[dict]], moved: dict[str, list[dict]],
+           load: tuple[float, ...], seconds: float) -> str:
+    lines = [f"## LoRA against full fine-tuning ({date.today().isoformat()})", "",
+             f"`.venv/bin/python bench/lora.py{' --quick' if args.quick else ''} --seeds "
+             f"{args.seeds}` ({seconds / 60:.0f} min, load average "
+             f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end; 2 cores). Quickstart "
+             f"task and model, {args.steps} steps, full fine-tuning at lr {args.full_lr}, LoRA "
+             f"rank {LORA.rank}, alpha {LORA.alpha:g}, all linear layers, lr {args.lora_lr}.", "",
+             "| config | seed | steps | reward, last 10% | held-out | steps/s | trainer s/step |",
+             "|---|---|---|---|---|---|---|"]
+    for name, runs in learn.items():
+        for seed, r in enumerate(runs):
+            lines.append(f"| {name} | {seed} | {r['steps']}{' (capped)' * r['capped']} | "
+                         f"{_num(r['reward_last10'])} | {_num(r['final_eval'])} | "
+                         f"{_num(r['steps_per_s'], 1)} | {_num(r['trainer_s'] * 1000, 1)} ms |")
+    lines += ["", f"Bytes per version ({args.bytes_steps} steps, a trainer in this process "
+              "publishing bf16 deltas, medians over the delta versions):", "",
+              "| config | seed | parameters | full snapshot | delta (merged weights) | "
+              "changed | adapter parameters | adapter snapshot | adapter delta |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, runs in moved.items():
+        for seed, r in enumerate(runs):
+            lines.append(f"| {name} | {seed} | {r['params']:,} | {r['full_bytes']:,} | "
+                         f"{_num(r['delta_bytes'], 0)} | {_num(r['changed'] * 100, 1)}% | "
+                         f"{r['adapter_params']:,} | {r['adapter_full_bytes']:,} | "
+                         f"{_num(r['adapter_delta_bytes'], 0)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--cap", type=float, default=240.0, help="wall seconds per run, part A")
+    parser.add_argument("--bytes-steps", type=int, default=40)
+    parser.add_argument("--full-lr", type=float, default=1e-3)
+    parser.add_argument("--lora-lr", type=float, default=5e-3)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 60 steps, 10 for bytes")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.steps, args.cap, args.bytes_steps = 1, 60, 60.0, 10
+    configs = {"full": (None, args.full_lr), "lora": (LORA, args.lora_lr)}
+    learn: dict[str, list[dict]] = {name: [] for name in configs}
+    moved: dict[str, list[dict]] = {name: [] for name in configs}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.seeds):
+            for name, (lora, lr) in configs.items():
+                out = transfer(lora, lr, args.bytes_steps, Path(tmp) / f"b-{name}-{seed}", seed)
+                moved[name].append(out)
+                print(f"bytes {name} seed {seed}: {out}", flush=True)
+                out = learning(lora, lr, args.steps, args.cap, Path(tmp) / f"a-{name}-{seed}",
+                               seed)
+                learn[name].append(out)
+                print(f"learn {name} seed {seed}: {out}", flush=True)
+    print()
+    print(report(args, learn, moved, os.getloadavg(), time.monotonic() - started))
+
+
+if __name__ == "__main__":
+    main()
