@@ -9,6 +9,7 @@ process or parts that talk to services, and the simulator parts that cost virtua
     Checkpointable     a trainer whose state is saved and loaded           LocalTrainer,
                                                                            ProcessTrainer
     SupervisedTrainer  a trainer that also takes supervised steps          the same two
+    RecordingTrainer   a trainer that records what a step trained          the same two
     Publisher          brings a policy's samplers to its trainer's version weights/, remote/, sim/
     PolicyHandle       what the dataflow sees of a policy                  session.policy.Policy
     RemoteEpisodes     episodes played elsewhere (rollout services)        remote.pool, sim/
@@ -43,6 +44,7 @@ __all__ = [
     "Publisher",
     "PolicyHandle",
     "RemoteEpisodes",
+    "RecordingTrainer",
     "RunRecorder",
     "SupervisedTrainer",
     "Tokenizer",
@@ -154,6 +156,16 @@ class SupervisedTrainer(Protocol):
 
 
 @runtime_checkable
+class RecordingTrainer(Protocol):
+    """A trainer that can record what one step trained, token by token, for the step inspector
+    (`train(inspect_every=N)`): `LocalTrainer`, `ProcessTrainer`."""
+
+    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], Any]:
+        """`step` on `batch`, and its record (a `training.trace.StepTrace`)."""
+        ...
+
+
+@runtime_checkable
 class Publisher(Protocol):
     """Brings whatever samples for one policy to that policy's trainer's current version.
 
@@ -211,6 +223,11 @@ class PolicyHandle(Protocol):
 
     async def train_step(self, batch: Batch) -> dict[str, float]: ...
 
+    async def train_step_recorded(self, batch: Batch) -> tuple[dict[str, float], Any]:
+        """`train_step`, and what it trained (a `training.trace.StepTrace`; None when its
+        trainer is no `RecordingTrainer`)."""
+        ...
+
     async def publish(self) -> dict[str, Any]: ...
 
 
@@ -245,6 +262,11 @@ class RunRecorder(Protocol):
         ...
 
     def add_event(self, kind: str, data: dict[str, Any]) -> None: ...
+
+    def add_trace(self, row: dict[str, Any], trace: Any) -> None:
+        """What the step of metrics row `row` trained (a `training.trace.StepTrace`), for the
+        step inspector; kept on a bounded basis."""
+        ...
 
     def add_episode(self, trajectory: Trajectory, trainer_version: int, *,
                     environment: Any = None, tokenizers: Mapping[str, Any] | None = None

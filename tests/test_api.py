@@ -58,7 +58,7 @@ def test_main_signatures():
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",
         "eval_every", "eval_n", "eval_k", "eval_split", "eval_env", "checkpoint_every",
         "keep_checkpoints", "record", "record_per_step", "loggers", "autoscale", "stall_seconds",
-        "max_gen_batches", "stop_when_learned", "sampler"]
+        "max_gen_batches", "stop_when_learned", "sampler", "inspect_every"]
     assert params(ab.Session.resume) == ["self", "run", "envs", "loggers"]
     assert params(ab.Session.evaluate) == ["self", "env", "split", "n", "k", "seed"]
     assert params(ab.Policy.sft) == ["self", "examples", "steps", "batch_size", "lr", "seed",

@@ -24,7 +24,8 @@ from astranb import contracts
 from astranb.engines.base import RolloutEngine
 
 CONTRACTS = (contracts.Engine, RolloutEngine, contracts.Trainer, contracts.Checkpointable,
-             contracts.SupervisedTrainer, contracts.Publisher, contracts.RemoteEpisodes)
+             contracts.SupervisedTrainer, contracts.RecordingTrainer, contracts.Publisher,
+             contracts.RemoteEpisodes)
 
 # the implementations there are today: a contract whose implementations stop declaring it
 # would otherwise be checked against nothing
@@ -34,6 +35,7 @@ EXPECTED = {
     contracts.Trainer: {"LocalTrainer", "ProcessTrainer", "RemoteTrainer", "SimTrainer"},
     contracts.Checkpointable: {"LocalTrainer", "ProcessTrainer"},
     contracts.SupervisedTrainer: {"LocalTrainer", "ProcessTrainer"},
+    contracts.RecordingTrainer: {"LocalTrainer", "ProcessTrainer"},
     contracts.Publisher: {"EnginePublisher", "StatePublisher", "ProcessPublisher",
                           "ServicesPublisher", "SimPublisher", "RegionPublisher"},
     contracts.RemoteEpisodes: {"RolloutPool", "RegionRollout"},

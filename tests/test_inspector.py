@@ -82,3 +82,105 @@ def test_a_trace_round_trips_through_bytes():
     assert all(torch.equal(back.tensors[k], v) for k, v in trace.tensors.items())
     assert back.tensors["mask/dropped_B_T"].dtype == torch.bool
     assert math.isfinite(float(back.tensors["grad_norm_P"].sum()))
+
+
+# -- a real run: recorded in the trainer (thread or child process), kept, read back -------------
+
+def short_run(tmp_path, trainer: str, algorithm=None, **train):
+    from tests.envs import CountA
+
+    session = ab.Session(tmp_path / "runs", trainer=trainer)
+    # a clip range narrower than the engine/trainer mismatch (bf16 copies): real clipping
+    policy = session.policy("solver", model=SPEC, max_batch_size=32,
+                            algorithm=algorithm or GRPO(clip_low=1e-3, clip_high=1e-3))
+    session.wire(CountA(), solver=policy)
+    with session:
+        run = session.train(**{"steps": 4, "batch_size": 8, "group_size": 4, **train})
+        run.wait(progress=False)
+    return run
+
+
+@pytest.mark.parametrize("trainer", ["thread", "process"])
+def test_a_real_run_records_sampled_steps_whose_marks_match_their_metrics(tmp_path, trainer):
+    run = short_run(tmp_path, trainer, inspect_every=2)
+    steps = run.steps
+    assert [s.step for s in steps] == [0, 2] and len(steps) == 2
+    rows = {r["step"]: r for r in run.rows}
+    clipped_somewhere = 0
+    for step in steps:
+        row = rows[step.step]
+        assert step.row["clip_frac"] == row["clip_frac"] and step.policy == "solver"
+        clipped = int(step.masks["clipped"].sum())
+        assert clipped == round(row["clip_frac"] * row["tokens"])
+        clipped_somewhere += clipped
+        # the token versions the batch carried, within the row's staleness numbers
+        t = step.trace.tensors
+        versions = t["versions_B_T"][t["loss_mask_B_T"]]
+        assert int(versions.min()) == row["token_version_min"]
+        assert int(versions.max()) == row["token_version_max"]
+        assert sum(r["share"] for r in step.rows) == pytest.approx(1.0)
+        assert step.layer_norms and all(norm >= 0 for _, norm in step.layer_norms)
+    assert clipped_somewhere > 0
+
+
+def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path):
+    run = short_run(tmp_path, "thread", inspect_every=1)
+    record = ab.open_run(run.directory)
+    assert len(record.steps) == 4 == len(run.steps)
+    step = record.steps[1]
+    assert step.step == 1 and step.row == run.steps[1].row
+    assert record.steps.at(3, policy="solver").step == 3
+    text = step.text()
+    assert "step 1 of 'solver' (grpo)" in text and "clip_frac" in text and "row 0:" in text
+    clipped_rows = [r for r in step.rows if r["clipped"]]
+    assert clipped_rows  # the narrow clip binds
+    assert "[" in text  # a clipped token, marked
+    # HTML without a kernel: a clipped token is marked with its class, versions are shown
+    page = step.save_html(tmp_path / "step.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page
+    assert "tok trained clipped" in page and "version" in page and "shade by" in page
+    # the token's text, decoded by the policy's tokenizer when the step was recorded
+    t = step.trace.tensors
+    b = clipped_rows[0]["row"]
+    position = int(step.masks["clipped"][b].nonzero()[0, 0])
+    token = step.token_text(int(t["input_ids_B_T"][b, position]))
+    assert not token.startswith("<") and token in page or token.strip() == ""
+
+
+def test_storage_is_bounded_to_the_newest_steps_per_policy(tmp_path, monkeypatch):
+    monkeypatch.setattr("astranb.session.steps.STEPS_KEPT", 2)
+    run = short_run(tmp_path, "thread", inspect_every=1)
+    assert [s.step for s in run.steps] == [2, 3]
+    files = sorted(p.name for p in (run.directory / "trained-steps" / "solver").iterdir())
+    assert files == ["step-000002.safetensors", "step-000003.safetensors"]
+
+
+def test_no_step_is_recorded_with_inspect_every_0_and_bad_values_say_so(tmp_path):
+    run = short_run(tmp_path, "thread", inspect_every=0, steps=2)
+    assert len(run.steps) == 0 and not (run.directory / "trained-steps").exists()
+    with pytest.raises(ValueError, match="inspect_every must be an integer >= 0"):
+        ab.RunConfig(steps=1, batch_size=2, group_size=2, max_staleness=0, inspect_every=-1)
+
+
+def test_m2po_steps_mark_the_dropped_tokens_its_metric_counts(tmp_path):
+    run = short_run(tmp_path, "thread", algorithm=M2PO(threshold=1e-7), inspect_every=1)
+    rows = {r["step"]: r for r in run.rows}
+    dropped = 0
+    for step in run.steps:
+        row = rows[step.step]
+        count = int(step.masks["dropped"].sum())
+        assert count == round(row["m2po_masked_frac"] * row["tokens"])
+        dropped += count
+    assert dropped > 0
+
+
+def test_steps_that_teach_nothing_are_flagged_on_the_row_and_the_step():
+    from astranb.dataflow.loop import silent_flags
+
+    taught = {"trained_groups": 2, "tied_trained": 1, "completions": 8, "cut_completions": 1,
+              "grad_norm": 0.3, "logp_gap_mean": 0.01}
+    assert silent_flags(taught) == []
+    assert silent_flags({**taught, "tied_trained": 2}) == ["tied"]
+    assert silent_flags({**taught, "cut_completions": 4}) == ["truncated"]
+    assert silent_flags({**taught, "grad_norm": 0.0}) == ["zero_loss"]
+    assert silent_flags({**taught, "logp_gap_mean": 0.5}) == ["mismatch"]

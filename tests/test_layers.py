@@ -132,6 +132,9 @@ LAZY_NOTEBOOK_HOOKS = {
     ("astranb.session.run", "_repr_html_"),
     ("astranb.session.policy", "_repr_html_"),
     ("astranb.session.session", "_repr_html_"),
+    ("astranb.session.steps", "show"),                      # run.steps[i].show()
+    ("astranb.session.steps", "save_html"),
+    ("astranb.session.steps", "_repr_html_"),
 }
 UI_LIBRARIES = ("ipywidgets", "plotly", "anywidget")
 SERVER_APPS = ("astranb.services.rollout_app", "astranb.services.trainer_app",

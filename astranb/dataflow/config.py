@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from .sampling import DEFAULT_MAX_GEN_BATCHES, SAMPLERS
 from .stall import STALL_SECONDS
 
+INSPECT_EVERY = 10
+"""The default `RunConfig.inspect_every`: one step in ten recorded for the step inspector."""
+
 __all__ = ["RunConfig"]
 
 
@@ -43,6 +46,9 @@ class RunConfig:
     sampler: str = "stream"
     """"stream": every sample is played, in stream order; "open": samples whose recent groups
     all tied are skipped most of the time (see `astranb.dataflow.sampling.OpenSamples`)."""
+    inspect_every: int = INSPECT_EVERY
+    """Steps between two the step inspector records (`run.steps`): step 0 and every
+    inspect_every-th after it; 0: none."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):
@@ -85,6 +91,10 @@ class RunConfig:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(map(repr, SAMPLERS))}, got "
                              f"{self.sampler!r}")
+        if (isinstance(self.inspect_every, bool) or not isinstance(self.inspect_every, int)
+                or self.inspect_every < 0):
+            raise ValueError(f"inspect_every must be an integer >= 0 (0: no step recorded), "
+                             f"got {self.inspect_every!r}")
         if not isinstance(self.stop_when_learned, bool):
             raise ValueError(f"stop_when_learned must be True or False, got "
                              f"{self.stop_when_learned!r}")

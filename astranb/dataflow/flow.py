@@ -106,7 +106,8 @@ class Dataflow:
             TrainLoop(p, self.buffers[n], self.gate, recorder, self.orchestrator.counters,
                       (targets or {}).get(n, p.version + config.steps), config.groups_per_batch,
                       config.max_staleness, remote=remote, barrier=barrier,
-                      checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                      checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                      inspect_every=config.inspect_every)
             for n, p in self.policies.items()
         ]
         self.workers = workers or self.gate.capacity

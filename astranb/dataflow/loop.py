@@ -27,7 +27,11 @@ from .orchestrator import RolloutCounters
 from .sampling import in_batch
 from .staleness import StalenessGate
 
-__all__ = ["TrainLoop"]
+__all__ = ["TrainLoop", "silent_flags", "MISMATCH_THRESHOLD"]
+
+MISMATCH_THRESHOLD = 0.2
+"""A step's mean |trainer logprob - engine logprob| above which it is flagged "mismatch": the
+average token's ratio is then past PPO's usual clip range (exp(0.2) = 1.22)."""
 
 
 @dataclass
@@ -58,6 +62,8 @@ class TrainLoop:
     checkpoint_every: int = 0
     """Versions between two checkpoints (0: none). One is written whenever the trainer stands
     at a multiple of it, idle, with the rows of every step before it recorded, and at the end."""
+    inspect_every: int = 0
+    """Steps between two the step inspector records (`RunConfig.inspect_every`); 0: none."""
 
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
@@ -120,7 +126,10 @@ class TrainLoop:
         self._collect_next(version + 1)
         self.doing, self.step_started = "trainer", t_step
         try:
-            metrics = await policy.train_step(batch)
+            if self.inspect_every and version % self.inspect_every == 0:
+                metrics, trace = await policy.train_step_recorded(batch)
+            else:
+                metrics, trace = await policy.train_step(batch), None
         except TrainerRolledBack as rollback:
             return await self._roll_back(groups, rollback)
         finally:
@@ -138,6 +147,8 @@ class TrainLoop:
             row, samples = self._row(version, groups, {**metrics, **transfer}, t_wait, t_step,
                                      tokens_during, batch)
             self.recorder.add_row(row, samples=samples)
+            if trace is not None:
+                self.recorder.add_trace(row, trace)
             return row
 
         if policy.overlaps_next_step and self.barrier is None:
@@ -273,7 +284,11 @@ class TrainLoop:
                 c.samples.dropped(self.policy.name, group.key, "filtered")
         accounted, samples = c.samples.take(
             self.policy.name, [g.key for g, trained in zip(groups, kept, strict=True) if trained])
-        return {
+        trained_groups = [g for g, trained in zip(groups, kept, strict=True) if trained]
+        finished = [turn.generation.finish_reason for g in trained_groups
+                    for traj in g.trajectories for turn in traj.turns
+                    if turn.policy == self.policy.name]
+        row = {
             "policy": self.policy.name,
             "step": version,
             "version": version + 1,
@@ -306,11 +321,37 @@ class TrainLoop:
             **c.take_sampling(self.policy.name),
             "tied_trained": sum(trained and not has_signal_for(g, self.policy.name)
                                 for g, trained in zip(groups, kept, strict=True)),
+            "trained_groups": len(trained_groups),
+            # completions of this step cut at the token limit
+            "cut_completions": finished.count("length"),
+            "completions": len(finished),
             **epoch,
             "wait_seconds": t_step - t_wait,
             "step_seconds": now - t_step,
             **metrics,
-        }, samples
+        }
+        row["flags"] = silent_flags(row)
+        return row, samples
+
+
+def silent_flags(row: Mapping[str, Any]) -> list[str]:
+    """Why a step's metrics row says it silently taught (next to) nothing, as names:
+
+        "tied"       every group it trained had equal rewards (all advantages 0)
+        "truncated"  at least half its completions were cut at the token limit
+        "zero_loss"  its loss moved no weight (a gradient norm of 0)
+        "mismatch"   its mean trainer/engine logprob gap is above `MISMATCH_THRESHOLD`
+    """
+    flags = []
+    if row.get("trained_groups") and row.get("tied_trained") == row["trained_groups"]:
+        flags.append("tied")
+    if row.get("completions") and 2 * row.get("cut_completions", 0) >= row["completions"]:
+        flags.append("truncated")
+    if row.get("grad_norm") == 0:
+        flags.append("zero_loss")
+    if float(row.get("logp_gap_mean") or 0.0) > MISMATCH_THRESHOLD:
+        flags.append("mismatch")
+    return flags
 
 
 def _pad_id(policy: PolicyHandle) -> int:

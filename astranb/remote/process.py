@@ -45,13 +45,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..algorithms.config import Algorithm, algorithm_from_dict, algorithm_to_dict
-from ..contracts import Checkpointable, Publisher, SupervisedTrainer, Trainer
+from ..contracts import Checkpointable, Publisher, RecordingTrainer, SupervisedTrainer, Trainer
 from ..errors import AstranbError
 from ..lifeline import follow_parent, shielded
 from ..models import ModelSpec
 from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
 from ..training.lora import LoRA, lora_from_dict, lora_to_dict
 from ..training.reference import Reference, reference_from_dict, reference_to_dict
+from ..training.trace import StepTrace
 from ..types import Batch, WeightUpdate
 from ..weights.publish import apply_to_engine, deliver, transfer_metrics
 from ..weights.store import PublishStats
@@ -114,7 +115,7 @@ def _exactly(stream: IO[bytes], n: int) -> bytes | None:
 
 # -- the notebook side ----------------------------------------------------------------------------
 
-class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
+class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer):
     """Trains one policy in a child process (the `Trainer` contract, plus `pull` for publishing).
 
     Args:
@@ -168,6 +169,16 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
 
         The reply also brings the new weights as a full snapshot (`snapshot`), so publishing
         them needs no further call: the next step may start at once."""
+        return self._step(batch, record=False)[0]
+
+    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
+        """`step`, and what it trained (`LocalTrainer.step_recorded` in the child; the trace
+        comes back as safetensors before the snapshot in the reply's body)."""
+        metrics, trace = self._step(batch, record=True)
+        assert trace is not None
+        return metrics, trace
+
+    def _step(self, batch: Batch, *, record: bool) -> tuple[dict[str, float], StepTrace | None]:
         start = time.perf_counter()
         prepared, self._prepared = self._prepared, None
         body = prepared[1] if prepared is not None and prepared[0] is batch else None
@@ -176,7 +187,11 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
             _, found = self._call({"op": "logprobs"}, body or batch_to_bytes(batch))
             batch, caller = gradient_batch(self.algorithm, batch, st_load(found)["logp_B_T"])
             body = None
-        answer, payload = self._call({"op": "step"}, body or batch_to_bytes(batch))
+        answer, payload = self._call({"op": "step", "record": record},
+                                     body or batch_to_bytes(batch))
+        traced = int(answer.get("trace_bytes", 0))
+        trace = StepTrace.from_bytes(payload[:traced]) if record else None
+        payload = payload[traced:]
         self.version = int(answer["version"])
         self.checksum = answer["checksum"]
         self.snapshot = (self.version, payload, PublishStats(**answer["stats"]))
@@ -185,7 +200,7 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer):
             metrics = merged_metrics(caller, metrics, self.algorithm)
         metrics["trainer_seconds"] = answer["seconds"]
         metrics["trainer_call_seconds"] = time.perf_counter() - start
-        return metrics
+        return metrics, trace
 
     async def prepare(self, batch: Batch) -> None:
         """Encode `batch` for the pipe now, in a worker thread (the train loop calls this while
@@ -382,11 +397,17 @@ class _Child:
 
     def step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         start = time.perf_counter()
-        metrics = self.trainer.step(batch_from_bytes(body))
+        trace = b""
+        if header.get("record"):
+            metrics, recorded = self.trainer.step_recorded(batch_from_bytes(body))
+            trace = recorded.to_bytes()
+        else:
+            metrics = self.trainer.step(batch_from_bytes(body))
         seconds = time.perf_counter() - start
         self._publish()
         return {"metrics": metrics, "version": self.trainer.version, "seconds": seconds,
-                "checksum": self.store.checksum, "stats": self.stats}, self.store.pull_full()
+                "checksum": self.store.checksum, "stats": self.stats,
+                "trace_bytes": len(trace)}, trace + self.store.pull_full()
 
     def logprobs(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         logp_B_T = self.trainer.logprobs(batch_from_bytes(body))

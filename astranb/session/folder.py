@@ -54,7 +54,8 @@ __all__ = [
     "CHECKPOINTS_DIR", "EPISODES_DISCARDED_FILE", "EPISODES_FILE", "EPISODES_INDEX_FILE",
     "EVALUATION", "EVENTS_FILE", "LOCK_FILE", "MANIFEST_FILE", "METRICS_DISCARDED_FILE",
     "METRICS_FILE", "NAMES", "PLAN_FILE", "POINT_FILE", "PREFIXES", "RNG_FILE", "RUN_FILE",
-    "SAMPLES_DISCARDED_FILE", "SAMPLES_FILE", "STATE_FILE", "STATUS_FILE", "WEIGHTS_FILE",
+    "SAMPLES_DISCARDED_FILE", "SAMPLES_FILE", "STATE_FILE", "STATUS_FILE", "STEPS_DIR",
+    "WEIGHTS_FILE", "step_trace_file", "step_trace_files", "step_traces_of",
     "CheckpointError", "CheckpointWriteError", "FolderLock", "FolderLocked", "RecordWriteError",
     "RunFiles", "append_synced", "atomic_write_bytes", "atomic_write_text", "checkpoint_folder",
     "checkpoint_folders", "checkpoints_of", "evaluation_windows", "fsync_dir", "fsync_file",
@@ -83,13 +84,14 @@ MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.json"
 RNG_FILE = "rng.safetensors"
 WEIGHTS_FILE = "model.safetensors"
+STEPS_DIR = "trained-steps"
 """The trainer's weights in a checkpoint: the Trainer's own format (training/ writes it and
 spells it itself, being below this layer), read here to hash the weights."""
 
 NAMES = (LOCK_FILE, RUN_FILE, METRICS_FILE, EVENTS_FILE, EPISODES_FILE, EPISODES_INDEX_FILE,
          PLAN_FILE, CHECKPOINTS_DIR, METRICS_DISCARDED_FILE, EPISODES_DISCARDED_FILE,
          STATUS_FILE, POINT_FILE, MANIFEST_FILE, STATE_FILE, RNG_FILE, SAMPLES_FILE,
-         SAMPLES_DISCARDED_FILE)
+         SAMPLES_DISCARDED_FILE, STEPS_DIR)
 """Names only this module spells (tests/test_folder.py checks the package for them)."""
 
 _RUN, _STEP, _TRAINER_LOG, _UNFINISHED = "run-", "step-", "trainer-", ".tmp-"
@@ -134,6 +136,22 @@ def checkpoint_folder(root: Path, version: int) -> Path:
 def checkpoint_folders(root: Path) -> list[Path]:
     """The finished checkpoint folders under `root`, oldest first."""
     return sorted(p for p in root.glob(f"{_STEP}*") if p.is_dir()) if root.is_dir() else []
+
+
+def step_traces_of(run: Path, policy: str) -> Path:
+    """`<run>/trained-steps/<policy>`: the step inspector's recorded steps of one policy."""
+    return run / STEPS_DIR / policy
+
+
+def step_trace_file(root: Path, step: int) -> Path:
+    """`<root>/step-NNNNNN.safetensors`, the recorded step `step` (counted from 0)."""
+    return root / f"{_STEP}{step:06d}.safetensors"
+
+
+def step_trace_files(run: Path) -> list[Path]:
+    """Every recorded step of a run, all policies, ordered by step then policy name."""
+    found = (run / STEPS_DIR).glob(f"*/{_STEP}*.safetensors")
+    return sorted(found, key=lambda p: (p.name, p.parent.name))
 
 
 def unfinished_folder(final: Path) -> Path:
@@ -357,6 +375,12 @@ class RunFiles:
                  "dropped": {reason: expand(runs)
                              for reason, runs in (line.get("dropped") or {}).items()}}
                 for line in read_jsonl(self.path / SAMPLES_FILE)]
+
+    @property
+    def step_traces(self) -> list[Path]:
+        """The step inspector's recorded steps (trained-steps/<policy>/step-NNNNNN.safetensors), by
+        step then policy; `session.steps.StepLog` reads them."""
+        return step_trace_files(self.path)
 
     @functools.cached_property
     def events(self) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import anyio
 import torch
 
 from ..algorithms import Algorithm
-from ..contracts import Engine, Publisher, SupervisedTrainer, Trainer
+from ..contracts import Engine, Publisher, RecordingTrainer, SupervisedTrainer, Trainer
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
 from ..training.lora import LoRA
@@ -91,6 +91,14 @@ class Policy:
             metrics: dict[str, float] = await self.trainer.step(batch)
             return metrics
         return await anyio.to_thread.run_sync(self.trainer.step, batch)
+
+    async def train_step_recorded(self, batch: Batch) -> tuple[dict[str, float], Any]:
+        """`train_step`, and what it trained (a `training.trace.StepTrace`) when the trainer
+        records steps (`RecordingTrainer`); None, and a plain step, when it does not."""
+        trainer = self.trainer
+        if not isinstance(trainer, RecordingTrainer):
+            return await self.train_step(batch), None
+        return await anyio.to_thread.run_sync(trainer.step_recorded, batch)
 
     async def publish(self) -> dict[str, Any]:
         """Send the trainer's current weights out; returns once the samplers use them.

@@ -51,6 +51,7 @@ from .folder import (
     evaluation_windows,
     json_line,
 )
+from .steps import StepLog, StepStore
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
@@ -363,6 +364,7 @@ class Recorder:
         self._recent: deque[Episode] = deque(maxlen=recent)  # the last played, kept or not
         self._played = 0
         self._context: dict[str, tuple[Environment | None, Mapping[str, Any]]] = {}
+        self._steps = StepStore(directory, self._decode)
 
     # -- writing (event loop) ------------------------------------------------------------------
     def add_row(self, row: Mapping[str, Any], *, samples: Mapping[str, Any] | None = None
@@ -380,6 +382,16 @@ class Recorder:
             self._metrics_file.write(json_line(row) + "\n")
             self._metrics_file.flush()
         self._emit("metrics", row)
+
+    def add_trace(self, row: Mapping[str, Any], trace: Any) -> None:
+        """What the step of metrics row `row` trained (a `training.trace.StepTrace`), written
+        to the run folder's trained-steps/ (session/steps.py; the newest STEPS_KEPT per policy)."""
+        self._steps.add(row, trace)
+
+    @property
+    def steps(self) -> StepLog:
+        """The recorded steps (session/steps.py), oldest first."""
+        return StepLog(self.directory)
 
     def add_event(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Something that happened outside the step rhythm (a trainer rollback, a failover)."""

@@ -29,6 +29,7 @@ from ..dataflow.flow import HeldOut
 from .folder import EPISODES_FILE, METRICS_FILE, RunFiles, evaluation_windows
 from .recorder import Episode, EpisodeLog, EpisodeView, Recorder
 from .report import summarize
+from .steps import StepLog
 
 if TYPE_CHECKING:
     import pandas
@@ -153,6 +154,13 @@ class Run:
         keeps its completion `index` among all played. Those no longer in memory are read back
         from the run's folder when asked for."""
         return self._recorder.episodes
+
+    @property
+    def steps(self) -> StepLog:
+        """The train steps the step inspector recorded (`train(inspect_every=N)`: step 0 and
+        every N-th), oldest first: `run.steps[i].show()` opens what step i trained, token by
+        token; `.text()` for scripts; `run.steps.flagged()` the ones that taught nothing."""
+        return self._recorder.steps
 
     @property
     def recent_episodes(self) -> list[Episode]:
@@ -434,6 +442,8 @@ class RunRecord:
         """Things that happened outside the step rhythm (rollbacks, evaluation windows)."""
         self.episodes: EpisodeLog = EpisodeLog(self.directory)
         """The kept episodes, in completion order (list-like, read from disk when asked)."""
+        self.steps: StepLog = StepLog(self.directory)
+        """The train steps the step inspector recorded, oldest first (see `Run.steps`)."""
         self.info: dict[str, Any] = files.info or {}
         """The folder's run.json (settings, times, summary; see report.py), {} without one."""
         self.status: str = files.status

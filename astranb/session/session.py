@@ -27,7 +27,7 @@ import torch
 
 from .. import environments
 from ..algorithms import GRPO, Algorithm
-from ..dataflow.config import RunConfig
+from ..dataflow.config import INSPECT_EVERY, RunConfig
 from ..dataflow.sampling import DEFAULT_MAX_GEN_BATCHES
 from ..dataflow.stall import STALL_SECONDS
 from ..engines import HFEngine
@@ -376,6 +376,7 @@ class Session:
         max_gen_batches: int | None = DEFAULT_MAX_GEN_BATCHES,
         stop_when_learned: bool = False,
         sampler: str = "stream",
+        inspect_every: int = INSPECT_EVERY,
     ) -> Run:
         """Start training in the background and return its Run handle at once.
 
@@ -443,13 +444,17 @@ class Session:
                 rollouts go to those with something left to learn. A skipped sample is
                 accounted as filtered and counts towards the budget; rows' `reward` counts it
                 at its recent reward (`reward_played`: the played episodes' mean).
+            inspect_every: record step 0 and every this many steps after it for the step
+                inspector, token by token: `run.steps[i].show()` (session/steps.py; the newest
+                100 per policy kept in the run folder's trained-steps/); 0: none.
 
         Raises:
             ValueError: on invalid settings or wiring, before any work starts.
         """
         self._context.check_open()
         config = RunConfig(steps, batch_size, group_size, max_staleness, order, seed, mode,
-                           stall_seconds, max_gen_batches, stop_when_learned, sampler)
+                           stall_seconds, max_gen_batches, stop_when_learned, sampler,
+                           inspect_every)
         if autoscale is not None and self._context.pool is None:
             raise ValueError("autoscale= adds and drains rollout services; this session plays "
                              "episodes in this process. Give Session(rollout=[...]) URLs")

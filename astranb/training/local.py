@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from ..algorithms import Algorithm, token_mean
 from ..algorithms.corrections import kl_loss_term
-from ..contracts import Checkpointable, SupervisedTrainer, Trainer
+from ..contracts import Checkpointable, RecordingTrainer, SupervisedTrainer, Trainer
 from ..engines import FastLM, top_p_filter
 from ..models import ModelSpec
 from ..types import Batch
@@ -241,7 +241,7 @@ def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamWConfig) 
     return float(norm)
 
 
-class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer):
+class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer):
     """Trains one policy's model in this process.
 
     Args:

@@ -34,6 +34,8 @@ BATCH_FIELDS = ("input_ids_B_T", "attention_mask_B_T", "loss_mask_B_T", "old_log
 """The batch's tensors a trace keeps (the advantages as the step trained them)."""
 
 _HEADER = "astranb.step"
+_COMPACT = {"input_ids_B_T": torch.int32, "versions_B_T": torch.int32,
+            "attention_mask_B_T": torch.bool, "loss_mask_B_T": torch.bool}
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class StepRecording:
     def trace(self, algorithm: Algorithm, batch: Batch) -> StepTrace:
         """The step's trace: the batch's tensors and the micro-batches' parts, row-aligned."""
         tensors = {name: getattr(batch, name).detach().cpu() for name in BATCH_FIELDS}
+        for name, dtype in _COMPACT.items():  # a quarter to half the bytes, the same values
+            tensors[name] = tensors[name].to(dtype)
         for key in self._parts[0] if self._parts else ():
             tensors[key] = torch.cat([part[key] for part in self._parts])
         names = list(self._norms)
