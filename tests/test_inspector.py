@@ -184,3 +184,45 @@ def test_steps_that_teach_nothing_are_flagged_on_the_row_and_the_step():
     assert silent_flags({**taught, "cut_completions": 4}) == ["truncated"]
     assert silent_flags({**taught, "grad_norm": 0.0}) == ["zero_loss"]
     assert silent_flags({**taught, "logp_gap_mean": 0.5}) == ["mismatch"]
+
+
+def test_a_run_whose_groups_all_tie_is_flagged_on_every_row_and_recorded_step(tmp_path):
+    from tests.envs import CountA
+
+    class Tied(CountA):
+        async def episode(self, ctx, sample):
+            await ctx.generate("solver", sample["prompt"])
+            return 1.0
+
+    session = ab.Session(tmp_path / "runs", trainer="thread")
+    policy = session.policy("solver", model=SPEC, max_batch_size=32,
+                            algorithm=GRPO(filter_groups=False))
+    session.wire(Tied(), solver=policy)
+    with session:
+        run = session.train(steps=2, batch_size=8, group_size=4, inspect_every=1)
+        run.wait(progress=False)
+    assert all({"tied", "zero_loss"} <= set(row["flags"]) for row in run.rows)
+    assert [s.flags for s in run.steps.flagged()] == [s.flags for s in run.steps]
+    assert "FLAGS: tied" in run.steps[0].text()
+
+
+def test_the_dashboard_marks_flagged_steps_and_a_click_opens_the_nearest_recorded_one(tmp_path):
+    from types import SimpleNamespace
+
+    from astranb.notebook.panels import figure
+
+    rows = [{"policy": "a", "step": s, "version": s + 1, "reward": 0.5, "flags": f, "time": s,
+             "episodes": 8 * s, "rollout_tokens": 64 * s}
+            for s, f in enumerate([[], ["tied"], [], ["mismatch", "zero_loss"]])]
+    flagged = next(t for t in figure(rows, ["a"], 1)["data"] if t["name"] == "a taught nothing")
+    assert flagged["x"] == [1, 3] and flagged["mode"] == "markers"
+
+    run = short_run(tmp_path, "thread", inspect_every=2)
+    dash = run.dashboard(mode="widgets")
+    reward = next(t for t in dash.fig.data if t.name == "solver")
+    assert reward._click_callbacks  # a click on the reward line opens a step
+    dash._clicked(reward, SimpleNamespace(xs=[3]), None)
+    assert "<b>step 2</b>" in dash.step_view.value and "tok trained" in dash.step_view.value
+    dash.open_step("nobody", 1)
+    assert "no recorded step of &#x27;nobody&#x27;" in dash.step_view.value
+    dash.finish()

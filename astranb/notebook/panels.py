@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View"]
 
 PANELS: tuple[tuple[str, str, str], ...] = (
-    ("reward", "reward (own role), tied groups dotted", "step"),
+    ("reward", "reward (own role), tied groups dotted, x: taught nothing", "step"),
     ("staleness", "staleness (mean, max dotted)", "step"),
     ("staleness_dist", "staleness of trained groups", "versions behind"),
     ("transfer", "weights sent (MB)", "version"),
@@ -85,7 +85,10 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         trace = {"type": kind, "name": name, "x": x, "y": y,
                  "xaxis": f"x{axis}", "yaxis": f"y{axis}", "showlegend": legend,
                  "legendgroup": policy or name, "marker": {"color": color}}
-        if kind == "scatter":
+        if kind == "markers":  # points on a line: scatter without the line
+            trace.update(type="scatter", mode="markers",
+                         marker={"color": color, "symbol": "x", "size": 8})
+        elif kind == "scatter":
             trace.update(mode="lines", line={"color": color, "dash": dash, "width": 1.5})
         traces.append(trace)
 
@@ -95,6 +98,11 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         add("reward", p, steps, _col(mine[p], "reward"), p, legend=True)
         # the share of the policy's groups since its last step whose rewards all tied
         add("reward", f"{p} tied", steps, _col(mine[p], "tied_fraction"), p, dash="dot")
+        # steps that silently taught nothing (the rows' flags: dataflow.loop.silent_flags);
+        # the live dashboard opens the recorded step nearest a clicked point (run.steps.at)
+        flagged = [r for r in mine[p] if r.get("flags")]
+        add("reward", f"{p} taught nothing", [r["step"] for r in flagged],
+            _col(flagged, "reward"), p, kind="markers")
         add("staleness", f"{p} mean", steps, _col(mine[p], "staleness_mean"), p)
         add("staleness", f"{p} max", steps, _col(mine[p], "staleness_max"), p, dash="dot")
     rewards = [r for r in _col(rows, "reward") if isinstance(r, (int, float)) and r == r]
@@ -216,6 +224,9 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
         index = int(trace["xaxis"][1:] or 1) - 1
         if trace["type"] == "bar":
             bars.setdefault(index, []).append(trace)
+            continue
+        if trace.get("mode") == "markers":
+            axes[index].plot(trace["x"], trace["y"], "x", color=trace["marker"]["color"])
             continue
         line = trace.get("line", {})
         style = {"solid": "-", "dot": ":", "dash": "--", "dashdot": "-."}.get(

@@ -4,7 +4,9 @@ It only observes: metrics events from the run set a flag, and a throttle thread 
 once per `interval` seconds with one batched figure update (redraws made from that thread reach the
 frontend, and nbclient captures them when a notebook runs headless). Only one FigureWidget: each
 carries ~5 MB of JavaScript in a saved notebook. A failing redraw shows its error in the status
-line and stops the redraws; the run goes on. Stop only asks the run to stop.
+line and stops the redraws; the run goes on. Stop only asks the run to stop. A click on a point
+of the reward panel opens the recorded train step nearest it below the panels (the step
+inspector, `run.steps.at`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..display import cell_number
+from ..inspector import StepInspector
 from ..panels import Throttle, View
 
 if TYPE_CHECKING:
@@ -46,8 +49,13 @@ class LiveDashboard(View):
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="danger",
                                           tooltip="stop the run (collected data stays)")
         self.stop_button.on_click(lambda _: self.stop())
+        self.step_view = widgets.HTML("")
+        """The recorded step opened by the last click on the reward panel."""
+        for trace in self.fig.data:
+            if trace.xaxis == "x" and trace.legendgroup in run.policies:  # the reward panel
+                trace.on_click(self._clicked)
         self.widget = widgets.VBox(
-            [widgets.HBox([self.stop_button, self.status_html]), self.fig],
+            [widgets.HBox([self.stop_button, self.status_html]), self.fig, self.step_view],
             layout=widgets.Layout(width="100%"),
         )
         self.widget.add_class("astranb-dashboard")
@@ -71,6 +79,19 @@ class LiveDashboard(View):
         self.stop_button.description = "Stopping"
         self.run.stop()
         self._throttle.poke()
+
+    def open_step(self, policy: str, step: int) -> None:
+        """Show the recorded step of `policy` nearest `step` below the panels."""
+        try:
+            recorded = self.run.steps.at(step, policy)
+        except LookupError as error:
+            self.step_view.value = f"<div style='color:#666'>{html.escape(str(error))}</div>"
+            return
+        self.step_view.value = StepInspector(recorded).html()
+
+    def _clicked(self, trace: Any, points: Any, selector: Any) -> None:
+        if points.xs:
+            self.open_step(str(trace.legendgroup), int(points.xs[0]))
 
     def finish(self) -> None:
         """Final redraw from the waiting cell, so a saved notebook holds the last step."""
