@@ -202,6 +202,31 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTraine
         metrics["trainer_call_seconds"] = time.perf_counter() - start
         return metrics, trace
 
+    def forward_backward(self, batch: Batch, algorithm: Algorithm | None = None
+                         ) -> dict[str, float]:
+        """`LocalTrainer.forward_backward` in the child: the loss and its gradient, added to
+        the child's gradients; the weights do not change (a manual loop's first block). A loss
+        that runs here (an algorithm of a notebook cell) is taken here, on the child's
+        logprobs, as in `step`."""
+        algorithm = algorithm or self.algorithm
+        caller: dict[str, float] | None = None
+        if runs_in_caller(algorithm):
+            _, found = self._call({"op": "logprobs"}, batch_to_bytes(batch))
+            batch, caller = gradient_batch(algorithm, batch, st_load(found)["logp_B_T"])
+        header = {"op": "forward_backward",
+                  "algorithm": algorithm_to_dict(trainer_algorithm(algorithm))}
+        answer, _ = self._call(header, batch_to_bytes(batch))
+        metrics = dict(answer["metrics"])
+        return metrics if caller is None else merged_metrics(caller, metrics, algorithm)
+
+    def optim_step(self) -> dict[str, float]:
+        """`LocalTrainer.optim_step` in the child: apply the gradients, version += 1 (the
+        publisher then pulls the new weights)."""
+        answer, _ = self._call({"op": "optim_step"})
+        self.version = int(answer["version"])
+        self.snapshot = None
+        return dict(answer["metrics"])
+
     async def prepare(self, batch: Batch) -> None:
         """Encode `batch` for the pipe now, in a worker thread (the train loop calls this while
         the previous step trains); the `step` that gets this very batch sends it as it is."""
@@ -409,6 +434,15 @@ class _Child:
                 "checksum": self.store.checksum, "stats": self.stats,
                 "trace_bytes": len(trace)}, trace + self.store.pull_full()
 
+    def forward_backward(self, header: dict[str, Any], body: bytes
+                         ) -> tuple[dict[str, Any], bytes]:
+        algorithm = algorithm_from_dict(header["algorithm"])
+        return {"metrics": self.trainer.forward_backward(batch_from_bytes(body), algorithm)}, b""
+
+    def optim_step(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        metrics = self.trainer.optim_step()
+        return {"metrics": metrics, "version": self.trainer.version}, b""
+
     def logprobs(self, header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         logp_B_T = self.trainer.logprobs(batch_from_bytes(body))
         return {}, st_save({"logp_B_T": logp_B_T.contiguous()})
@@ -464,7 +498,8 @@ def main() -> int:
         "create": child.create, "step": child.step, "logprobs": child.logprobs,
         "sft_step": child.sft_step,
         "pull": child.pull, "weights": child.weights, "save": child.save, "load": child.load,
-        "save_adapter": child.save_adapter,
+        "save_adapter": child.save_adapter, "forward_backward": child.forward_backward,
+        "optim_step": child.optim_step,
     }
     while (frame := _read(wire_in)) is not None:
         header, body = frame

@@ -19,6 +19,8 @@ import torch
 
 from ..algorithms import Algorithm
 from ..contracts import Engine, Publisher, RecordingTrainer, SupervisedTrainer, Trainer
+from ..dataflow.batcher import build_batch
+from ..dataflow.buffer import Group
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
 from ..training.lora import LoRA
@@ -109,6 +111,47 @@ class Policy:
         transfer metrics for the run's metrics row.
         """
         return await self.publisher.publish()
+
+    # -- a manual loop (session/manual.py): the blocks a train step is made of -----------------
+
+    def build_batch(self, groups: Sequence[Group]) -> Batch:
+        """Collate this policy's turns of `groups` (from `session.play`) into the batch a step
+        trains: tokens, masks, the algorithm's group-relative advantages, the sampling logprobs
+        and the weight version of every token (`dataflow.batcher.build_batch`, the train
+        loop's own)."""
+        pad = self.tokenizer.pad_token_id
+        return build_batch(list(groups), self.name, self.algorithm,
+                           pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+
+    def forward_backward(self, batch: Batch, algorithm: Algorithm | None = None
+                         ) -> dict[str, float]:
+        """The loss of `batch` (the policy's algorithm, or `algorithm`) and its gradient,
+        added to the trainer's gradients; the weights do not change until `optim_step`.
+
+        Returns:
+            The loss and the algorithm's metrics (what a metrics row gets from a step).
+        """
+        return self._blocks("forward_backward").forward_backward(batch, algorithm)
+
+    def optim_step(self) -> dict[str, float]:
+        """Apply the gradients `forward_backward` left (clipped, AdamW); version += 1. The
+        engine still samples from the old weights until `publish_weights()`."""
+        return self._blocks("optim_step").optim_step()
+
+    def publish_weights(self) -> dict[str, Any]:
+        """Bring the engine to the trainer's version now (blocking; `publish` from a cell);
+        returns the transfer's metrics."""
+        if self.run_on_loop is None:
+            raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing can "
+                               "publish its weights")
+        return self.run_on_loop(self.publish)
+
+    def _blocks(self, what: str) -> Any:
+        if not hasattr(self.trainer, what):
+            raise ValueError(f"policy {self.name!r}: its trainer ({type(self.trainer).__name__}) "
+                             f"has no {what}; a manual loop needs a trainer on this machine "
+                             "(Session(trainer='thread' or 'process'))")
+        return self.trainer
 
     def sft(self, examples: Sequence[Demonstration], steps: int = 100, batch_size: int = 16,
             *, lr: float | None = None, seed: int = 0,

@@ -27,6 +27,7 @@ import torch
 
 from .. import environments
 from ..algorithms import GRPO, Algorithm
+from ..dataflow.buffer import Group
 from ..dataflow.config import INSPECT_EVERY, RunConfig
 from ..dataflow.sampling import DEFAULT_MAX_GEN_BATCHES
 from ..dataflow.stall import STALL_SECONDS
@@ -48,6 +49,7 @@ from ..weights.store import WeightStore
 from . import heldout, launch, restore
 from .context import RunContext
 from .folder import trainer_log
+from .manual import SampleStreams, play_groups
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -99,6 +101,8 @@ class Session:
     ):
         # creates the folder and locks it: one live Session per folder
         self._context = RunContext(Path(directory))
+        self._manual_samples = SampleStreams()  # session.play's sample streams
+        self._manual_groups = 0
         self.device = device
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
         torch.set_num_threads(threads)
@@ -567,6 +571,55 @@ class Session:
         plays, results = heldout.on_split(self._context, env, wiring, split, n, k, seed)
         check_evaluation(plays, results)  # called here: its warning names evaluate's caller
         return results
+
+    def play(self, env: Environment | None = None, *, groups: int = 1, group_size: int = 8,
+             samples: Sequence[Mapping[str, Any]] | None = None, seed: int = 0) -> list[Group]:
+        """Play groups of episodes with the current weights: a manual loop's first block.
+
+            groups = session.play(groups=2, group_size=8)
+            batch = policy.build_batch(groups)
+            policy.forward_backward(batch); policy.optim_step(); policy.publish_weights()
+
+        (session/manual.py). The episodes are played as a run plays them, by the engines of this
+        process, but nothing is recorded or counted: the groups are yours to look at and train.
+
+        Args:
+            env: which environment (default: the wired one; needed when several are wired).
+            groups: how many samples to play (ignored when `samples` is given).
+            group_size: episodes per sample.
+            samples: the samples to play (default: the next `groups` of `env.samples(seed)`;
+                successive calls go on through the stream).
+            seed: seed of the sample stream.
+
+        Returns:
+            One `Group` per sample, with its successful episodes (`group.trajectories`).
+
+        Raises:
+            RuntimeError: a run is training (stop it first), or every episode failed.
+            ValueError: bad arguments, or the session plays on rollout services.
+        """
+        self._context.check_open()
+        going = [r for r in self._context.runs if not r.done]
+        if going:
+            raise RuntimeError("a run is training these policies: a manual step now would race "
+                               "it. Stop it first (run.stop()) or wait for it (run.wait())")
+        if self._context.pool is not None:
+            raise ValueError("session.play plays on this process's engines; this session's "
+                             "episodes run on rollout services. Use a Session without rollout= "
+                             "for a manual loop")
+        heldout.positive("group_size", group_size, "episodes per sample (e.g. group_size=8)")
+        if env is None:
+            env = heldout.only_env(launch.check_ready(self._context), "env")
+        wiring = heldout.eval_wiring(env, list(self._context.wiring))
+        if samples is None:
+            heldout.positive("groups", groups, "the number of samples to play (e.g. groups=2)")
+            chosen = self._manual_samples.take(env, seed, groups)
+        else:
+            chosen = [dict(sample) for sample in samples]
+            if not chosen:
+                raise ValueError("samples= is empty: give at least one sample to play")
+        first, self._manual_groups = self._manual_groups, self._manual_groups + len(chosen)
+        return self._context.call(play_groups, env, wiring, chosen, group_size, first)
 
     @property
     def runs(self) -> list[Run]:

@@ -311,20 +311,59 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer)
 
     def _step(self, batch: Batch, recording: StepRecording | None
               ) -> tuple[dict[str, float], Batch]:
-        batch = step_advantages(self.algorithm, _to(batch, self.device))
+        """A step is the two blocks a manual loop calls: forward_backward, then optim_step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        totals, batch = self._forward_backward(batch, self.algorithm, recording)
+        totals["grad_norm"] = self._optim_step(recording)
+        totals["tokens"] = float(batch.num_tokens)
+        return totals, batch
+
+    def forward_backward(self, batch: Batch, algorithm: Algorithm | None = None
+                         ) -> dict[str, float]:
+        """The first half of a step: the loss of `batch` and its gradient, added to the
+        gradients already there (several calls before one `optim_step` accumulate, each a
+        token mean over its own batch). The weights do not change.
+
+        Args:
+            algorithm: the loss to take (default: the trainer's own).
+
+        Returns:
+            The loss and the algorithm's metrics, as `step` returns them (without grad_norm).
+        """
+        totals, batch = self._forward_backward(batch, algorithm or self.algorithm, None)
+        totals["tokens"] = float(batch.num_tokens)
+        return totals
+
+    def optim_step(self) -> dict[str, float]:
+        """The second half of a step: clip the gradients `forward_backward` left, apply AdamW,
+        clear them. Version += 1.
+
+        Raises:
+            RuntimeError: there is no gradient (no `forward_backward` since the last step).
+        """
+        if not any(p.grad is not None for p in self.model.parameters()):
+            raise RuntimeError("optim_step has no gradient to apply: call "
+                               "forward_backward(batch) first")
+        return {"grad_norm": self._optim_step(None)}
+
+    def _forward_backward(self, batch: Batch, algorithm: Algorithm,
+                          recording: StepRecording | None) -> tuple[dict[str, float], Batch]:
+        batch = step_advantages(algorithm, _to(batch, self.device))
         num_tokens = max(batch.num_tokens, 1)
         batch, kl, scored = self._scored(batch)
-        self.optimizer.zero_grad(set_to_none=True)
         rows = micro_batches(0, batch.size, self._rows_per_pass(batch))
-        totals = backward_micro_batches(self.model, self.algorithm, batch, rows, num_tokens, kl,
+        totals = backward_micro_batches(self.model, algorithm, batch, rows, num_tokens, kl,
                                         recording)
         totals.update(scored)
+        return totals, batch
+
+    def _optim_step(self, recording: StepRecording | None) -> float:
         if recording is not None:
             recording.gradients(self.model)
-        totals["grad_norm"] = clip_and_step(self.model, self.optimizer, self.optimizer_config)
-        totals["tokens"] = float(batch.num_tokens)
+        grad_norm = clip_and_step(self.model, self.optimizer, self.optimizer_config)
+        self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        return totals, batch
+        return grad_norm
 
     def _scored(self, batch: Batch) -> tuple[Batch, KLTerm | None, dict[str, float]]:
         """The reference's part of a step: its logprobs of the batch's tokens, the distillation
