@@ -55,7 +55,7 @@ __all__ = [
     "EVALUATION", "EVENTS_FILE", "LOCK_FILE", "MANIFEST_FILE", "METRICS_DISCARDED_FILE",
     "METRICS_FILE", "NAMES", "PLAN_FILE", "POINT_FILE", "PREFIXES", "RNG_FILE", "RUN_FILE",
     "SAMPLES_DISCARDED_FILE", "SAMPLES_FILE", "STATE_FILE", "STATUS_FILE", "STEPS_DIR",
-    "WEIGHTS_FILE", "step_trace_file", "step_trace_files", "step_traces_of",
+    "WEIGHTS_FILE", "step_trace_file", "step_trace_files", "step_traces_in", "step_traces_of",
     "CheckpointError", "CheckpointWriteError", "FolderLock", "FolderLocked", "RecordWriteError",
     "RunFiles", "append_synced", "atomic_write_bytes", "atomic_write_text", "checkpoint_folder",
     "checkpoint_folders", "checkpoints_of", "evaluation_windows", "fsync_dir", "fsync_file",
@@ -146,6 +146,11 @@ def step_traces_of(run: Path, policy: str) -> Path:
 def step_trace_file(root: Path, step: int) -> Path:
     """`<root>/step-NNNNNN.safetensors`, the recorded step `step` (counted from 0)."""
     return root / f"{_STEP}{step:06d}.safetensors"
+
+
+def step_traces_in(root: Path) -> list[Path]:
+    """The recorded steps of one policy (`step_traces_of`), oldest first."""
+    return sorted(root.glob(f"{_STEP}*.safetensors"))
 
 
 def step_trace_files(run: Path) -> list[Path]:

@@ -4,10 +4,10 @@
 after it, token by token (training/trace.py: logprobs of the engine and the trainer, advantages,
 the loss mask, the token versions, dLoss/dlogp, the algorithm's clipped/dropped/capped masks,
 each parameter's gradient norm). Each recorded step is one safetensors file,
-`trained-steps/<policy>/step-NNNNNN.safetensors`, whose header holds the step's metrics row (its
-numbers and `flags`, `dataflow.loop.silent_flags`) and the text of every token id it holds,
-so it reads back without a tokenizer. Bounded: the newest `STEPS_KEPT` per policy stay; writing
-one more removes the oldest.
+`trained-steps/<policy>/step-NNNNNN.safetensors`, whose header holds the step's metrics row
+(its numbers and `flags`, `dataflow.loop.silent_flags`) and the text of every token id it
+holds, so it reads back without a tokenizer. Bounded: the newest `STEPS_KEPT` per policy stay;
+writing one more removes the oldest.
 
 `run.steps` (and `ab.open_run(folder).steps`) is a `StepLog`: a list-like view, oldest step
 first; `run.steps[i]` is a `RecordedStep` with its numbers, `text()` for scripts, `show()` in a
@@ -30,7 +30,7 @@ import torch
 
 from ..training.trace import StepTrace
 from ..types import jsonable
-from .folder import RecordWriteError, RunFiles, step_trace_file, step_traces_of
+from .folder import RecordWriteError, RunFiles, step_trace_file, step_traces_in, step_traces_of
 
 if TYPE_CHECKING:
     from ..notebook.inspector import StepInspector
@@ -74,8 +74,7 @@ class StepStore:
             root.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(StepTrace(trace.tensors, header).to_bytes())
             os.replace(tmp, path)
-            kept = sorted(root.glob(f"{path.name[:5]}*.safetensors"))
-            for old in kept[:-self.keep]:
+            for old in step_traces_in(root)[:-self.keep]:
                 old.unlink(missing_ok=True)
         except OSError as error:
             tmp.unlink(missing_ok=True)
