@@ -123,7 +123,7 @@ def test_a_real_run_records_sampled_steps_whose_marks_match_their_metrics(tmp_pa
     assert clipped_somewhere > 0
 
 
-def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path):
+def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path, capsys):
     run = short_run(tmp_path, "thread", inspect_every=1)
     record = ab.open_run(run.directory)
     assert len(record.steps) == 4 == len(run.steps)
@@ -145,6 +145,10 @@ def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path)
     position = int(step.masks["clipped"][b].nonzero()[0, 0])
     token = step.token_text(int(t["input_ids_B_T"][b, position]))
     assert not token.startswith("<") and token in page or token.strip() == ""
+    # outside a kernel show() prints the text; in one, the HTML (also the object's own display)
+    step.show()
+    assert "step 1 of 'solver'" in capsys.readouterr().out
+    assert "tok trained clipped" in step._repr_html_()
 
 
 def test_storage_is_bounded_to_the_newest_steps_per_policy(tmp_path, monkeypatch):

@@ -53,6 +53,13 @@ class StepInspector:
 
     def __init__(self, step: RecordedStep):
         self.step = step
+        t = step.trace.tensors
+        trained = t["loss_mask_B_T"] > 0
+        log_ratio = (t["logp_B_T"] - t["old_logp_B_T"])[trained].abs()
+        # one scale per shading over the whole step, so rows compare: the largest value is the
+        # strongest colour
+        self.scales = {"a": _largest(t["advantages_B_T"][trained].abs()),
+                       "r": _largest(log_ratio), "g": _largest(log_ratio)}
 
     def html(self, standalone: bool = False) -> str:
         """The view as HTML (a fragment with an id of its own, or a page's body)."""
@@ -67,10 +74,12 @@ class StepInspector:
             f"<input type='radio' class='shade-{key}' name='{root}-shade' id='{root}-{key}'"
             f"{' checked' if key == 'a' else ''}><label for='{root}-{key}'>{label}</label> "
             for key, label in _SHADES)
+        scales = self.scales
         legend = ("<div class='legend'>marks: <span class='tok clipped'>clipped</span> "
                   "<span class='tok dropped'>dropped</span> <span class='tok capped'>capped"
                   "</span> <span class='tok prompt'>not trained</span>; share: the row's part "
-                  "of the step's gradient weight (|dloss/dlogp|)</div>")
+                  "of the step's gradient weight (|dloss/dlogp|); strongest colour at "
+                  f"|advantage| {scales['a']:.3g}, |log ratio| {scales['r']:.3g}</div>")
         rows = "".join(self._row(b) for b in range(len(step.rows)))
         norms = table(("layer", "gradient norm (before clipping)"), step.layer_norms)
         return (_STYLE.format(id=root) + f"<div id='{root}' class='astranb-inspector'>{head}"
@@ -102,7 +111,7 @@ class StepInspector:
         trained = (t["loss_mask_B_T"][b] > 0).tolist()
         logp, old = t["logp_B_T"][b].tolist(), t["old_logp_B_T"][b].tolist()
         adv, versions = t["advantages_B_T"][b].tolist(), t["versions_B_T"][b].tolist()
-        scale = max((abs(a) for a, on in zip(adv, trained, strict=True) if on), default=1.0) or 1.0
+        scales = self.scales
         spans = []
         for i, token in enumerate(ids):
             if not attention[i]:
@@ -113,9 +122,9 @@ class StepInspector:
                 continue
             names = [name for name, m in marks.items() if bool(m[i])]
             log_ratio = logp[i] - old[i]
-            colors = (_diverging(adv[i] / scale, (37, 99, 235), (220, 38, 38)),
-                      _diverging(log_ratio / 0.5, (22, 163, 74), (147, 51, 234)),
-                      _diverging(abs(log_ratio) / 1.0, (234, 88, 12), (234, 88, 12)))
+            colors = (_diverging(adv[i] / scales["a"], (37, 99, 235), (220, 38, 38)),
+                      _diverging(log_ratio / scales["r"], (22, 163, 74), (147, 51, 234)),
+                      _diverging(abs(log_ratio) / scales["g"], (234, 88, 12), (234, 88, 12)))
             tip = (f"id {token} · advantage {adv[i]:+.3g} · ratio {math.exp(log_ratio):.3g} · "
                    f"logp {logp[i]:.3g} (engine {old[i]:.3g}) · version {versions[i]}"
                    + "".join(f" · {n}" for n in names))
@@ -129,6 +138,11 @@ class StepInspector:
                 f"{info['share']:.1%} · gap {info['gap_mean']:.3g}{counts}")
         return (f"<div class='row'><div class='rowhead'>{html.escape(head)}</div>"
                 f"<div class='tokens'>{''.join(spans)}</div></div>")
+
+
+def _largest(values) -> float:
+    """The largest of a tensor's values, 1 when there are none or all are 0."""
+    return float(values.max()) if values.numel() and float(values.max()) > 0 else 1.0
 
 
 def _diverging(value: float, above: tuple[int, int, int], below: tuple[int, int, int]) -> str:
