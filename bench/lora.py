@@ -3,15 +3,22 @@
     .venv/bin/python bench/lora.py              # 3 seeds: ~25 min on 2 cores
     .venv/bin/python bench/lora.py --quick      # 1 seed, 60 steps: a smoke run
 
+LoRA adapts a pretrained model; the quickstart's model starts from random weights, whose frozen
+tied head and final norm bound every logit to about +-1.3 (hidden 64, init std 0.02), so
+adapters on its linear layers cannot make any answer likely (measured: reward 0.02 after 600
+steps from random weights, entropy stuck at 4.07 of 4.09). So each seed first makes a base:
+--base-steps of full fine-tuning from random weights (the quickstart's settings), written with
+`policy.save_pretrained`; both configurations then start from it.
+
 Two parts, the configurations interleaved seed by seed so the machine's load falls on both:
 
   A. Learning, astranb's defaults (the trainer in a child process): notebooks/01_quickstart's
-     run (arithmetic, tiny Qwen3, batch 128 x group 8, max_staleness 2, GRPO with entropy 0.05)
-     for 600 steps, full fine-tuning at the quickstart's lr 1e-3 against LoRA (rank 8, alpha 16,
-     every linear layer but the head) at --lora-lr (adapters usually want a higher rate than full
-     fine-tuning). Reported: the last 10% of steps' reward (the quickstart's target: >= 0.6),
-     held-out accuracy after the run (512 samples), steps/s, and the trainer's seconds per step
-     (`trainer_seconds`: forward, backward and optimizer in the child).
+     run (arithmetic, batch 128 x group 8, max_staleness 2, GRPO with entropy 0.05) for --steps
+     steps from the base, full fine-tuning at the quickstart's lr 1e-3 against LoRA (rank 8,
+     alpha 16, every linear layer but the head) at each --lora-lrs (adapters usually want a higher
+     rate than full fine-tuning). Reported: the last 10% of steps' reward (the quickstart's
+     target: >= 0.6), held-out accuracy after the run (512 samples), steps/s, and the trainer's
+     seconds per step (`trainer_seconds`: forward, backward and optimizer in the child).
   B. Bytes per version, a trainer in this process publishing bf16 deltas through the weight store
      (weight_transfer="delta", the path to rollout services): --bytes-steps steps of each
      configuration. Full fine-tuning and LoRA's merged weights are measured from the rows
@@ -46,11 +53,24 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def learning(lora: ab.LoRA | None, lr: float, steps: int, cap: float, workdir: Path,
-             seed: int) -> dict[str, Any]:
+def make_base(steps: int, workdir: Path, seed: int) -> tuple[Path, float]:
+    """Full fine-tuning from random weights for `steps` steps: the folder, its held-out score."""
+    with ab.Session(workdir / "run") as session:
+        policy = session.policy("solver", model=ab.models.tiny(),
+                                algorithm=ab.GRPO(entropy_coef=0.05),
+                                optimizer=ab.AdamWConfig(lr=1e-3), seed=seed)
+        session.wire(ab.environments.load("arithmetic"), solver=policy)
+        session.train(steps=steps, batch_size=128, group_size=8, max_staleness=2,
+                      seed=seed).wait(progress=False)
+        score = session.evaluate(n=512)["solver"]
+        return policy.save_pretrained(workdir / "base"), score
+
+
+def learning(base: Path, lora: ab.LoRA | None, lr: float, steps: int, cap: float,
+             workdir: Path, seed: int) -> dict[str, Any]:
     """Part A: one quickstart run with the defaults; stopped at `cap` seconds if not done."""
     with ab.Session(workdir) as session:
-        policy = session.policy("solver", model=ab.models.tiny(),
+        policy = session.policy("solver", model=ab.models.local(base),
                                 algorithm=ab.GRPO(entropy_coef=0.05),
                                 optimizer=ab.AdamWConfig(lr=lr), seed=seed, lora=lora)
         session.wire(ab.environments.load("arithmetic"), solver=policy)
@@ -73,12 +93,12 @@ def learning(lora: ab.LoRA | None, lr: float, steps: int, cap: float, workdir: P
             if rows else float("nan")}
 
 
-def transfer(lora: ab.LoRA | None, lr: float, steps: int, workdir: Path,
+def transfer(base: Path, lora: ab.LoRA | None, lr: float, steps: int, workdir: Path,
              seed: int) -> dict[str, Any]:
     """Part B: bytes per published version, merged (from the rows) and adapter-only."""
     adapters: list[dict[str, torch.Tensor]] = []
     with ab.Session(workdir, trainer="thread") as session:
-        policy = session.policy("solver", model=ab.models.tiny(),
+        policy = session.policy("solver", model=ab.models.local(base),
                                 algorithm=ab.GRPO(entropy_coef=0.05),
                                 optimizer=ab.AdamWConfig(lr=lr), seed=seed, lora=lora,
                                 weight_transfer="delta", full_every=0)
@@ -101,7 +121,7 @@ def transfer(lora: ab.LoRA | None, lr: float, steps: int, workdir: Path,
         adapter_numel = (sum(t.numel() for t in adapters[0].values()) if adapters else 0)
     deltas = [int(r["transfer_bytes"]) for r in rows if r.get("transfer_kind") == "delta"]
     changed = [float(r["changed_fraction"]) for r in rows if r.get("transfer_kind") == "delta"]
-    adapter_bytes = [len(codec.encode(a, b)) for a, b in zip(adapters, adapters[1:])
+    adapter_bytes = [len(codec.encode(a, b)) for a, b in zip(adapters, adapters[1:], strict=False)
                      if any(not torch.equal(a[k], b[k]) for k in a)]
     return {"params": weights, "adapter_params": adapter_numel,
             "full_bytes": weights * 2,
@@ -117,13 +137,15 @@ def _num(value: float, digits: int = 2) -> str:
 
 
 def report(args, learn: dict[str, list[dict]], moved: dict[str, list[dict]],
-           load: tuple[float, ...], seconds: float) -> str:
+           bases: list[float], load: tuple[float, ...], seconds: float) -> str:
     lines = [f"## LoRA against full fine-tuning ({date.today().isoformat()})", "",
              f"`.venv/bin/python bench/lora.py{' --quick' if args.quick else ''} --seeds "
              f"{args.seeds}` ({seconds / 60:.0f} min, load average "
              f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end; 2 cores). Quickstart "
-             f"task and model, {args.steps} steps, full fine-tuning at lr {args.full_lr}, LoRA "
-             f"rank {LORA.rank}, alpha {LORA.alpha:g}, all linear layers, lr {args.lora_lr}.", "",
+             f"task and model; a base per seed from {args.base_steps} full fine-tuning steps "
+             f"(held-out {', '.join(_num(b) for b in bases)}), then {args.steps} steps from it: "
+             f"full fine-tuning at lr {args.full_lr}, LoRA rank {LORA.rank}, alpha "
+             f"{LORA.alpha:g}, all linear layers but the head.", "",
              "| config | seed | steps | reward, last 10% | held-out | steps/s | trainer s/step |",
              "|---|---|---|---|---|---|---|"]
     for name, runs in learn.items():
@@ -148,31 +170,41 @@ def report(args, learn: dict[str, list[dict]], moved: dict[str, list[dict]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--base-steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=450)
     parser.add_argument("--cap", type=float, default=240.0, help="wall seconds per run, part A")
     parser.add_argument("--bytes-steps", type=int, default=40)
     parser.add_argument("--full-lr", type=float, default=1e-3)
-    parser.add_argument("--lora-lr", type=float, default=5e-3)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 60 steps, 10 for bytes")
+    parser.add_argument("--lora-lrs", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[1e-3, 5e-3])
+    parser.add_argument("--quick", action="store_true", help="1 seed, short runs")
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.steps, args.cap, args.bytes_steps = 1, 60, 60.0, 10
-    configs = {"full": (None, args.full_lr), "lora": (LORA, args.lora_lr)}
+        args.seeds, args.base_steps, args.steps, args.cap, args.bytes_steps = 1, 20, 30, 60.0, 8
+    configs: dict[str, tuple[ab.LoRA | None, float]] = {f"full, lr {args.full_lr:g}":
+                                                         (None, args.full_lr)}
+    configs.update({f"lora, lr {lr:g}": (LORA, lr) for lr in args.lora_lrs})
     learn: dict[str, list[dict]] = {name: [] for name in configs}
     moved: dict[str, list[dict]] = {name: [] for name in configs}
+    bases: list[float] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
-            for name, (lora, lr) in configs.items():
-                out = transfer(lora, lr, args.bytes_steps, Path(tmp) / f"b-{name}-{seed}", seed)
-                moved[name].append(out)
-                print(f"bytes {name} seed {seed}: {out}", flush=True)
-                out = learning(lora, lr, args.steps, args.cap, Path(tmp) / f"a-{name}-{seed}",
+            base, score = make_base(args.base_steps, Path(tmp) / f"base-{seed}", seed)
+            bases.append(score)
+            print(f"base seed {seed}: held-out {score:.3f}", flush=True)
+            for i, (name, (lora, lr)) in enumerate(configs.items()):
+                if lora is not None or i == 0:
+                    out = transfer(base, lora, lr, args.bytes_steps, Path(tmp) / f"b{i}-{seed}",
+                                   seed)
+                    moved[name].append(out)
+                    print(f"bytes {name} seed {seed}: {out}", flush=True)
+                out = learning(base, lora, lr, args.steps, args.cap, Path(tmp) / f"a{i}-{seed}",
                                seed)
                 learn[name].append(out)
                 print(f"learn {name} seed {seed}: {out}", flush=True)
     print()
-    print(report(args, learn, moved, os.getloadavg(), time.monotonic() - started))
+    print(report(args, learn, moved, bases, os.getloadavg(), time.monotonic() - started))
 
 
 if __name__ == "__main__":
