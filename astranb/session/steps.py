@@ -250,6 +250,15 @@ def _layer(name: str) -> str:
     return match.group(1) if match else name.rsplit(".", 1)[0]
 
 
+def _readable(paths: Sequence[Path]) -> Iterator[RecordedStep]:
+    """The steps of `paths` still there (a live run's store removes its oldest)."""
+    for path in paths:
+        try:
+            yield RecordedStep.read(path)
+        except FileNotFoundError:
+            continue
+
+
 class StepLog(Sequence[RecordedStep]):
     """The recorded steps of a run folder, oldest step first (list-like; each read from its
     file when asked for, so a live run's log grows as it records)."""
@@ -270,14 +279,15 @@ class StepLog(Sequence[RecordedStep]):
     def __getitem__(self, index: slice) -> list[RecordedStep]: ...
 
     def __getitem__(self, index: int | slice) -> RecordedStep | list[RecordedStep]:
-        paths = self._paths()
         if isinstance(index, slice):
-            return [RecordedStep.read(p) for p in paths[index]]
-        return RecordedStep.read(paths[index])
+            return list(_readable(self._paths()[index]))
+        try:
+            return RecordedStep.read(self._paths()[index])
+        except FileNotFoundError:  # removed by a live run's store meanwhile: list them again
+            return RecordedStep.read(self._paths()[index])
 
     def __iter__(self) -> Iterator[RecordedStep]:
-        for path in self._paths():
-            yield RecordedStep.read(path)
+        return _readable(self._paths())
 
     def at(self, step: int, policy: str | None = None) -> RecordedStep:
         """The recorded step nearest `step` (of `policy`, when given): what a click on a point
@@ -291,7 +301,7 @@ class StepLog(Sequence[RecordedStep]):
         if not found:
             raise LookupError(f"no recorded step{f' of {policy!r}' if policy else ''} in "
                               f"{self.directory}; train(inspect_every=N) records every N-th")
-        return RecordedStep.read(min(found, key=lambda pair: pair[0])[1])
+        return RecordedStep.read(min(found, key=lambda pair: (pair[0], pair[1].name))[1])
 
     def flagged(self) -> list[RecordedStep]:
         """The recorded steps with a flag (see `RecordedStep.flags`)."""
