@@ -48,7 +48,8 @@ class RunConfig:
     all tied are skipped most of the time (see `astranb.dataflow.sampling.OpenSamples`)."""
     inspect_every: int = INSPECT_EVERY
     """Steps between two the step inspector records (`run.steps`): step 0 and every
-    inspect_every-th after it; 0: none."""
+    inspect_every-th after it, and the run's first step (a resumed run, or one after a manual
+    step); 0: none."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "group_size"):

@@ -63,11 +63,13 @@ class TrainLoop:
     """Versions between two checkpoints (0: none). One is written whenever the trainer stands
     at a multiple of it, idle, with the rows of every step before it recorded, and at the end."""
     inspect_every: int = 0
-    """Steps between two the step inspector records (`RunConfig.inspect_every`); 0: none."""
+    """Steps between two the step inspector records (`RunConfig.inspect_every`: every version
+    that is a multiple of it, and the run's first step); 0: none."""
 
     def __post_init__(self) -> None:
         self._trained: set[str] = set()
         self.published = self.policy.version
+        self._first_version = self.policy.version  # the step inspector records it (and every N)
         # the previous step's publish, when it overlaps this step
         self._publishing: asyncio.Future[dict[str, Any]] | None = None
         # the next step's batch, collected while this one trains (see `_collect_next`)
@@ -126,7 +128,8 @@ class TrainLoop:
         self._collect_next(version + 1)
         self.doing, self.step_started = "trainer", t_step
         try:
-            if self.inspect_every and version % self.inspect_every == 0:
+            if self.inspect_every and (version % self.inspect_every == 0
+                                       or version == self._first_version):
                 metrics, trace = await policy.train_step_recorded(batch)
             else:
                 metrics, trace = await policy.train_step(batch), None
