@@ -158,10 +158,16 @@ class SupervisedTrainer(Protocol):
 @runtime_checkable
 class RecordingTrainer(Protocol):
     """A trainer that can record what one step trained, token by token, for the step inspector
-    (`train(inspect_every=N)`): `LocalTrainer`, `ProcessTrainer`."""
+    (`train(inspect_every=N)`): `LocalTrainer`, `ProcessTrainer`. The recorded step is an
+    ordinary `step` call, so whatever wraps or watches `step` sees it too."""
 
-    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], Any]:
-        """`step` on `batch`, and its record (a `training.trace.StepTrace`)."""
+    def record_next_step(self) -> None:
+        """Have the next `step` also record what it trains."""
+        ...
+
+    def take_recording(self) -> Any:
+        """The last recorded step's record (a `training.trace.StepTrace`), once; None when
+        there is none."""
         ...
 
 

@@ -164,19 +164,37 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTraine
 
     # -- Trainer ----------------------------------------------------------------------------------
 
+    _record_next = False  # `record_next_step` was called: the next step records
+    _recording: StepTrace | None = None  # the last recorded step's trace, until taken
+
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` in the child; its metrics (plus `trainer_seconds`).
 
         The reply also brings the new weights as a full snapshot (`snapshot`), so publishing
         them needs no further call: the next step may start at once."""
-        return self._step(batch, record=False)[0]
+        record, self._record_next = self._record_next, False
+        metrics, trace = self._step(batch, record=record)
+        if trace is not None:
+            self._recording = trace
+        return metrics
+
+    def record_next_step(self) -> None:
+        """Have the next `step` record what it trains (`LocalTrainer.record_next_step` in the
+        child; the trace comes back as safetensors before the snapshot in the reply's body)."""
+        self._record_next = True
+
+    def take_recording(self) -> StepTrace | None:
+        """The last recorded step's `StepTrace`, once (None: none since the last take)."""
+        recording, self._recording = self._recording, None
+        return recording
 
     def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
-        """`step`, and what it trained (`LocalTrainer.step_recorded` in the child; the trace
-        comes back as safetensors before the snapshot in the reply's body)."""
-        metrics, trace = self._step(batch, record=True)
-        assert trace is not None
-        return metrics, trace
+        """`step`, and what it trained (see `record_next_step`)."""
+        self.record_next_step()
+        metrics = self.step(batch)
+        recording = self.take_recording()
+        assert recording is not None
+        return metrics, recording
 
     def _step(self, batch: Batch, *, record: bool) -> tuple[dict[str, float], StepTrace | None]:
         start = time.perf_counter()
@@ -424,10 +442,11 @@ class _Child:
         start = time.perf_counter()
         trace = b""
         if header.get("record"):
-            metrics, recorded = self.trainer.step_recorded(batch_from_bytes(body))
+            self.trainer.record_next_step()
+        metrics = self.trainer.step(batch_from_bytes(body))
+        recorded = self.trainer.take_recording()
+        if recorded is not None:
             trace = recorded.to_bytes()
-        else:
-            metrics = self.trainer.step(batch_from_bytes(body))
         seconds = time.perf_counter() - start
         self._publish()
         return {"metrics": metrics, "version": self.trainer.version, "seconds": seconds,

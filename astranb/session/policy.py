@@ -100,7 +100,9 @@ class Policy:
         trainer = self.trainer
         if not isinstance(trainer, RecordingTrainer):
             return await self.train_step(batch), None
-        return await anyio.to_thread.run_sync(trainer.step_recorded, batch)
+        trainer.record_next_step()
+        metrics = await self.train_step(batch)
+        return metrics, trainer.take_recording()
 
     async def publish(self) -> dict[str, Any]:
         """Send the trainer's current weights out; returns once the samplers use them.

@@ -300,14 +300,35 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer)
             parameter.requires_grad_(False)
         return model.eval()
 
+    _record_next = False  # `record_next_step` was called: the next step records
+    _recording: StepTrace | None = None  # the last recorded step's trace, until taken
+
     def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1."""
-        return self._step(batch, None)[0]
+        """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1.
+        After `record_next_step`, it also records what it trained (`take_recording`)."""
+        if not self._record_next:
+            return self._step(batch, None)[0]
+        self._record_next = False
+        metrics, batch = self._step(batch, recording := StepRecording())
+        self._recording = recording.trace(self.algorithm, batch)
+        return metrics
+
+    def record_next_step(self) -> None:
+        """Have the next `step` record what it trains, token by token (training/trace.py)."""
+        self._record_next = True
+
+    def take_recording(self) -> StepTrace | None:
+        """The last recorded step's `StepTrace`, once (None: none since the last take)."""
+        recording, self._recording = self._recording, None
+        return recording
 
     def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
         """`step`, and what it trained token by token (the step inspector, training/trace.py)."""
-        metrics, batch = self._step(batch, recording := StepRecording())
-        return metrics, recording.trace(self.algorithm, batch)
+        self.record_next_step()
+        metrics = self.step(batch)
+        recording = self.take_recording()
+        assert recording is not None
+        return metrics, recording
 
     def _step(self, batch: Batch, recording: StepRecording | None
               ) -> tuple[dict[str, float], Batch]:
