@@ -79,7 +79,7 @@ def test_run_json_says_running_then_finished_with_settings_and_summary(tmp_path)
                                  "max_staleness": 1, "order": "edf", "seed": 0,
                                  "mode": "independent", "stall_seconds": 120.0,
                                  "max_gen_batches": 4, "stop_when_learned": False,
-                                 "sampler": "stream"}
+                                 "sampler": "stream", "inspect_every": 10}
     [solver] = started["policies"]
     assert solver["name"] == "solver" and solver["lr"] == 3e-3
     assert solver["algorithm"]["kind"] == "grpo" and started["environments"] == ["CountA"]
