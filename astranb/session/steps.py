@@ -74,7 +74,8 @@ class StepStore:
             root.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(StepTrace(trace.tensors, header).to_bytes())
             os.replace(tmp, path)
-            for old in step_traces_in(root)[:-self.keep]:
+            kept = step_traces_in(root)
+            for old in kept[:max(len(kept) - self.keep, 0)]:
                 old.unlink(missing_ok=True)
         except OSError as error:
             tmp.unlink(missing_ok=True)
