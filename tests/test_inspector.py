@@ -4,6 +4,7 @@ run folder, read back and shown."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -121,6 +122,35 @@ def test_a_real_run_records_sampled_steps_whose_marks_match_their_metrics(tmp_pa
         assert sum(r["share"] for r in step.rows) == pytest.approx(1.0)
         assert step.layer_norms and all(norm >= 0 for _, norm in step.layer_norms)
     assert clipped_somewhere > 0
+
+
+@dataclass(frozen=True)
+class NarrowGRPO(GRPO):
+    """A user's own algorithm (it does not travel as JSON): a trainer in a child process takes
+    its loss in the caller (training/caller_loss.py)."""
+
+    clip_low: float = 1e-3
+    clip_high: float = 1e-3
+
+    @property
+    def name(self) -> str:
+        return "narrow_grpo"
+
+
+def test_a_loss_taken_in_the_caller_is_recorded_with_its_own_advantages_and_marks(tmp_path):
+    run = short_run(tmp_path, "process", algorithm=NarrowGRPO(), inspect_every=2)
+    rows = {r["step"]: r for r in run.rows}
+    assert len(run.steps) == 2
+    for step in run.steps:
+        row, t = rows[step.step], step.trace.tensors
+        assert step.trace.header["algorithm"] == "narrow_grpo"
+        assert int(step.masks["clipped"].sum()) == round(row["clip_frac"] * row["tokens"])
+        # the batch's advantages (GRPO's: one per row), not the gradients the child trained on
+        trained = t["loss_mask_B_T"]
+        for b in range(trained.shape[0]):
+            row_adv = t["advantages_B_T"][b][trained[b]]
+            assert bool((row_adv == row_adv[0]).all()) if row_adv.numel() else True
+        assert not torch.equal(t["advantages_B_T"], t["grad_logp_B_T"])
 
 
 def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path, capsys):

@@ -52,7 +52,7 @@ from ..models import ModelSpec
 from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
 from ..training.lora import LoRA, lora_from_dict, lora_to_dict
 from ..training.reference import Reference, reference_from_dict, reference_to_dict
-from ..training.trace import StepTrace
+from ..training.trace import StepTrace, caller_trace
 from ..types import Batch, WeightUpdate
 from ..weights.publish import apply_to_engine, deliver, transfer_metrics
 from ..weights.store import PublishStats
@@ -201,14 +201,18 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTraine
         prepared, self._prepared = self._prepared, None
         body = prepared[1] if prepared is not None and prepared[0] is batch else None
         caller: dict[str, float] | None = None
+        original, logp_B_T = batch, None
         if runs_in_caller(self.algorithm):  # logprobs there, the loss here, its gradient there
             _, found = self._call({"op": "logprobs"}, body or batch_to_bytes(batch))
-            batch, caller = gradient_batch(self.algorithm, batch, st_load(found)["logp_B_T"])
+            logp_B_T = st_load(found)["logp_B_T"]
+            batch, caller = gradient_batch(self.algorithm, batch, logp_B_T)
             body = None
         answer, payload = self._call({"op": "step", "record": record},
                                      body or batch_to_bytes(batch))
         traced = int(answer.get("trace_bytes", 0))
         trace = StepTrace.from_bytes(payload[:traced]) if record else None
+        if trace is not None and logp_B_T is not None:  # the caller's loss: its own marks
+            trace = caller_trace(trace, self.algorithm, original, logp_B_T)
         payload = payload[traced:]
         self.version = int(answer["version"])
         self.checksum = answer["checksum"]

@@ -27,7 +27,7 @@ from safetensors.torch import save as st_save
 from ..algorithms import Algorithm
 from ..types import Batch
 
-__all__ = ["StepTrace", "StepRecording", "BATCH_FIELDS"]
+__all__ = ["StepTrace", "StepRecording", "BATCH_FIELDS", "caller_trace"]
 
 BATCH_FIELDS = ("input_ids_B_T", "attention_mask_B_T", "loss_mask_B_T", "old_logp_B_T",
                 "advantages_B_T", "versions_B_T", "rewards_B")
@@ -120,3 +120,28 @@ class StepRecording:
         tensors["grad_norm_P"] = (torch.stack([self._norms[n] for n in names]).cpu() if names
                                   else torch.zeros(0))
         return StepTrace(tensors, {"parameters": names, "algorithm": algorithm.name})
+
+
+@torch.no_grad()
+def caller_trace(trace: StepTrace, algorithm: Algorithm, batch: Batch,
+                 logp_B_T: torch.Tensor) -> StepTrace:
+    """The trace of a step whose loss ran in the caller (training/caller_loss.py).
+
+    The trainer trained `LogpGradient` on the caller's dLoss/dlogp, so its trace holds those
+    gradients as advantages and none of the caller's masks; this puts back the advantages the
+    caller's loss saw and its algorithm's masks, computed on the very logprobs the loss got.
+
+    Args:
+        trace: what the trainer recorded.
+        algorithm: the caller's algorithm.
+        batch: the step's batch as the caller had it (its own advantages).
+        logp_B_T: the trainer's logprobs the caller's loss was computed on.
+    """
+    mask_B_T = batch.loss_mask_B_T
+    adv_B_T = algorithm.batch_advantages(batch.advantages_B_T, mask_B_T)
+    logp_B_T = logp_B_T.to(batch.old_logp_B_T.dtype)
+    masks = algorithm.token_masks(logp_B_T, batch.old_logp_B_T, adv_B_T, mask_B_T)
+    tensors = {k: v for k, v in trace.tensors.items() if not k.startswith("mask/")}
+    tensors["advantages_B_T"] = adv_B_T.detach().float().cpu()
+    tensors.update({f"mask/{name}_B_T": m.bool().cpu() for name, m in masks.items()})
+    return StepTrace(tensors, {**trace.header, "algorithm": algorithm.name})
