@@ -29,23 +29,15 @@ def make_session(tmp_path, env=None, **policy_kwargs):
 def slow_steps(policy, seconds: float, rows: list[int] | None = None):
     """Make each train step take at least `seconds`, so rollouts visibly overlap it; `rows`,
     when given, collects each step's batch size."""
-    trainer = policy.trainer
-    step, step_recorded = trainer.step, trainer.step_recorded
+    step = policy.trainer.step
 
-    def slowed(batch):
+    def slow(batch):
         if rows is not None:
             rows.append(int(batch.rewards_B.shape[0]))
         time.sleep(seconds)
-
-    def slow(batch):
-        slowed(batch)
         return step(batch)
 
-    def slow_recorded(batch):  # the steps the inspector records (train(inspect_every=...))
-        slowed(batch)
-        return step_recorded(batch)
-
-    trainer.step, trainer.step_recorded = slow, slow_recorded
+    policy.trainer.step = slow
 
 
 def slow_decodes(monkeypatch, seconds: float):
