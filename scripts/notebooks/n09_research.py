@@ -184,7 +184,9 @@ CELLS = [
         "LoRA adapts a pretrained model: from random weights the tiny model's frozen, tied "
         "output head keeps every logit within about ±1.3, so adapters alone cannot make any "
         "answer likely. Both start from the model trained in section 3. Only the adapters "
-        "train (PEFT's maths); the engine gets the merged weights."
+        "train (PEFT's maths); the engine gets the merged weights. Expect LoRA to lag far "
+        "behind here: on a model this small the task lives largely in the token embeddings "
+        "and the tied head, which adapters leave frozen (bench/RESULTS.md measures it)."
     ),
     new_code_cell(
         "lora_runs = {\n"
