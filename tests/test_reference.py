@@ -140,13 +140,7 @@ def test_a_session_trains_a_policy_with_kl_to_its_start_and_says_so_in_its_rows(
         assert rows[0]["kl"] == 0.0 and rows[-1]["kl"] > 0.0
     plan = ab.open_run(run.directory)
     assert plan.status == "finished"
-    with pytest.raises(ValueError, match="reference= is scored by a trainer in this machine"):
-        remote = ab.Session(tmp_path / "remote", rollout=["http://127.0.0.1:9"])
-        try:
-            remote.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2),
-                          reference=ab.Reference(kl_coef=0.1))
-        finally:
-            remote.close()
+    # rollout and trainer services take a reference too: tests/test_services_reference_lora.py
 
 
 @pytest.mark.slow  # a short run

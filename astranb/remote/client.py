@@ -306,3 +306,9 @@ class TrainerClient(_Client):
 
     async def checkpoint(self, policy: str) -> int:
         return int((await self.request("POST", f"/v1/checkpoint/{policy}"))["version"])
+
+    async def adapter(self, policy: str) -> bytes:
+        """A LoRA policy's adapters: safetensors with adapter_config.json in its metadata
+        (astranb.training.lora.write_adapter writes PEFT's folder of it)."""
+        payload: bytes | bytearray = await self.get_payload(f"/v1/adapter/{policy}")
+        return bytes(payload)

@@ -18,7 +18,9 @@ sends, and only its gradient is sent (astranb/training/caller_loss.py).
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import anyio
 import torch
@@ -28,6 +30,7 @@ from ..algorithms.config import algorithm_reference, algorithm_to_dict
 from ..contracts import Trainer
 from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
 from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
+from ..training.lora import write_adapter
 from ..types import Batch
 from .client import TrainerClient
 
@@ -127,6 +130,16 @@ class RemoteTrainer(Trainer):
                     f"{self.patience:.0f} s; restart it (with the same --checkpoint-dir to resume)"
                 )
             await anyio.sleep(0.5)
+
+    async def save_adapter(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the policy's LoRA adapters, fetched from the service, as PEFT's folder
+        (adapter_config.json + adapter_model.safetensors) here.
+
+        Raises:
+            ServiceError: 409 when the policy trains its full weights.
+        """
+        payload = await self.client.adapter(self.name)
+        return await anyio.to_thread.run_sync(write_adapter, payload, directory)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Not available here: the weights stay on the trainer service, and rollout services pull

@@ -10,6 +10,13 @@
                                  have_checksum): a delta when it holds exactly the previous
                                  version, else a full snapshot (see astranb.weights.store)
     POST /v1/checkpoint/{policy} write a checkpoint now
+    GET  /v1/adapter/{policy}    a LoRA policy's adapters: safetensors with adapter_config.json in
+                                 its metadata (astranb.training.lora.write_adapter makes PEFT's
+                                 folder of it)
+
+A policy may have a frozen reference (`"reference"`, astranb.training.reference) and LoRA
+adapters (`"lora"`, astranb.training.lora), as plain values; a reference model given as a
+directory must exist on this host.
 
 The trainer itself is a backend: `LocalBackend` (one process) or the FSDP backend that rank 0 of a
 torchrun job drives (astranb.training.fsdp). Checkpoints land in `checkpoint_dir/<policy>/` as
@@ -31,8 +38,9 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import anyio
 import torch
@@ -45,6 +53,8 @@ from ..algorithms.config import CodeNotAllowed, algorithm_from_dict
 from ..models import ModelSpec, dtype_for
 from ..remote.serialize import OCTETS, batch_from_bytes, spec_from_wire
 from ..training.local import AdamWConfig, LocalTrainer
+from ..training.lora import LoRA, adapter_to_bytes, lora_from_dict
+from ..training.reference import Reference, reference_from_dict
 from ..weights.store import WeightStore
 from .http import ServiceConfig, octets, reply, service_app
 from .rollout_bodies import NAME, ModelIn
@@ -58,7 +68,8 @@ class TrainerBackend(Protocol):
     world_size: int
 
     def create(self, name: str, spec: ModelSpec, algorithm, optimizer: AdamWConfig,
-               micro_batch_size: int = 64) -> int: ...
+               micro_batch_size: int = 64, *, reference: Reference | None = None,
+               lora: LoRA | None = None) -> int: ...
     def step(self, name: str, batch) -> dict[str, float]: ...
     def logprobs(self, name: str, batch) -> torch.Tensor: ...
     def version(self, name: str) -> int: ...
@@ -77,11 +88,19 @@ class LocalBackend:
         self.device = device
         self.trainers: dict[str, LocalTrainer] = {}
 
-    def create(self, name, spec, algorithm, optimizer, micro_batch_size=64) -> int:
+    def create(self, name, spec, algorithm, optimizer, micro_batch_size=64, *, reference=None,
+               lora=None) -> int:
         self.trainers[name] = LocalTrainer(spec, algorithm, optimizer,
                                            micro_batch_size=micro_batch_size,
-                                           device=self.device, dtype=dtype_for(self.device, spec))
+                                           device=self.device, dtype=dtype_for(self.device, spec),
+                                           reference=reference, lora=lora)
         return 0
+
+    def adapter(self, name) -> bytes:
+        """The policy's LoRA adapters (`adapter_to_bytes`); ValueError without LoRA."""
+        trainer = self.trainers[name]
+        trainer.adapter_weights()  # the error when it trains the full weights
+        return adapter_to_bytes(trainer.model)
 
     def step(self, name, batch):
         return self.trainers[name].step(batch)
@@ -123,6 +142,25 @@ class TrainerConfig:
     allow_code: bool = False
 
 
+class ReferenceIn(BaseModel):
+    """`reference_to_dict`'s form (astranb.training.reference.Reference)."""
+
+    model: ModelIn | None = None
+    kl_coef: float = Field(default=0.0, ge=0.0, le=1e6)
+    estimator: str = Field(default="k3", max_length=8)
+    distill: float = Field(default=0.0, ge=0.0, le=1e6)
+
+
+class LoRAIn(BaseModel):
+    """`lora_to_dict`'s form (astranb.training.lora.LoRA)."""
+
+    rank: int = Field(ge=1, le=4096)
+    alpha: float = Field(gt=0.0, le=1e6)
+    target_modules: str | list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default="all-linear", min_length=1, max_length=200)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
 class TrainerPolicyIn(BaseModel):
     name: str = Field(pattern=NAME)
     model: ModelIn
@@ -130,6 +168,8 @@ class TrainerPolicyIn(BaseModel):
     optimizer: dict[str, Any] = {}
     micro_batch_size: int = Field(default=64, ge=1, le=4096)
     full_every: int = Field(default=10, ge=0, le=1_000_000)
+    reference: ReferenceIn | None = None
+    lora: LoRAIn | None = None
 
 
 @dataclass(eq=False)
@@ -156,7 +196,9 @@ class TrainerService:
             return await anyio.to_thread.run_sync(fn, *args)
 
     async def add_policy(self, body: TrainerPolicyIn) -> dict:
-        request = body.model_dump()
+        # without a reference or LoRA the request is as before (older checkpoints' policy.json)
+        request = {k: v for k, v in body.model_dump().items()
+                   if v is not None or k not in ("reference", "lora")}
         existing = self.policies.get(body.name)
         if existing is not None:
             if existing.request != request:
@@ -173,9 +215,10 @@ class TrainerService:
             raise HTTPException(403, str(error)) from error
         except (TypeError, ValueError, KeyError) as error:
             raise HTTPException(422, f"invalid algorithm/optimizer: {error}") from error
+        extras = _extras(request)
         try:
-            await self._call(self.backend.create, body.name, spec, algorithm, optimizer,
-                             body.micro_batch_size)
+            await self._call(partial(self.backend.create, **extras), body.name, spec, algorithm,
+                             optimizer, body.micro_batch_size)
         except Exception as error:  # a bad spec from the caller, not a service fault
             raise HTTPException(422, f"could not build the trainer for {spec.name!r}: "
                                      f"{error}") from error
@@ -225,6 +268,18 @@ class TrainerService:
 
         stats = await self._call(publish)
         return dataclasses.asdict(stats)
+
+    async def adapter(self, name: str) -> bytes:
+        self._policy(name)
+        make = getattr(self.backend, "adapter", None)
+        if make is None:
+            raise HTTPException(409, f"this trainer service's backend "
+                                     f"({type(self.backend).__name__}) does not train adapters")
+        try:
+            payload: bytes = await self._call(make, name)
+        except ValueError as error:  # a policy that trains its full weights
+            raise HTTPException(409, f"policy {name!r}: {error}") from error
+        return payload
 
     # checkpoints
     async def _maybe_checkpoint(self, policy: _Policy) -> int | None:
@@ -288,6 +343,31 @@ class TrainerService:
         return policy
 
 
+def _extras(request: dict) -> dict[str, Any]:
+    """The create request's reference and LoRA, built and checked (422 naming the field)."""
+    extras: dict[str, Any] = {}
+    if request.get("reference") is not None:
+        try:
+            reference = request["reference"]
+            model = reference.get("model")
+            if model is not None:
+                model = dataclasses.asdict(spec_from_wire(model))
+            extras["reference"] = reference_from_dict({**reference, "model": model})
+        except (TypeError, ValueError, KeyError) as error:
+            raise HTTPException(422, f"invalid reference: {error}") from error
+        spec = extras["reference"].model
+        if spec is not None and spec.path is not None and not Path(spec.path).is_dir():
+            raise HTTPException(422, f"invalid reference: reference.model.path {spec.path!r} is "
+                                     "not a directory on the trainer service's host; copy the "
+                                     "model there and give its path on that host")
+    if request.get("lora") is not None:
+        try:
+            extras["lora"] = lora_from_dict(request["lora"])
+        except (TypeError, ValueError, KeyError) as error:
+            raise HTTPException(422, f"invalid lora: {error}") from error
+    return extras
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
     tmp.write_text(text)
@@ -341,5 +421,10 @@ def create_app(
     @app.post("/v1/checkpoint/{policy}")
     async def checkpoint(policy: str) -> dict:
         return {"version": await service.checkpoint(policy)}
+
+    @app.get("/v1/adapter/{policy}", response_class=Response,
+             responses={200: {"content": {OCTETS: {}}, "description": "safetensors adapters"}})
+    async def adapter(policy: str) -> Response:
+        return octets(await service.adapter(policy))
 
     return app

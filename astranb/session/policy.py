@@ -223,7 +223,13 @@ class Policy:
             if save_adapter is None:
                 raise ValueError(f"policy {self.name!r}: its trainer "
                                  f"({type(self.trainer).__name__}) cannot write adapters")
-            save_adapter(directory)
+            if inspect.iscoroutinefunction(save_adapter):  # a trainer service's: over HTTP
+                if self.run_on_loop is None:
+                    raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing "
+                                       "can reach its trainer service")
+                self.run_on_loop(lambda: save_adapter(directory))
+            else:
+                save_adapter(directory)
             self.spec.tokenizer().save_pretrained(directory)
             return directory
         model = self.spec.build(dtype=torch.float32, device="cpu")

@@ -180,12 +180,12 @@ class Session:
             reference: a frozen policy the trainer scores every batch with (no optimizer, no
                 engine): `ab.Reference(kl_coef=0.04)` adds KL to the policy's starting weights
                 to the loss; `ab.Reference(model=teacher, distill=1.0)` is on-policy
-                distillation from a teacher (training/reference.py). Thread and process
-                trainers; not with trainer services yet.
+                distillation from a teacher (training/reference.py). Every trainer but FSDP
+                (`--nproc` > 1); a teacher's directory must exist where the trainer runs.
             lora: train low-rank adapters (PEFT) instead of the full weights:
                 `ab.LoRA(rank=8, alpha=16)`. Engines get the merged weights; checkpoints and
-                `policy.save_pretrained` hold the adapters (training/lora.py). Thread and
-                process trainers; not with trainer services yet.
+                `policy.save_pretrained` hold the adapters (training/lora.py). Every trainer
+                but FSDP (`--nproc` > 1).
         """
         self._context.check_open()
         if name in self.policies:
@@ -199,21 +199,16 @@ class Session:
             raise TypeError(f"lora must be an ab.LoRA(...), got {lora!r}; e.g. "
                             "lora=ab.LoRA(rank=8, alpha=16)")
         if self._context.pool is not None:
-            if lora is not None:
-                raise ValueError("lora= trains adapters in a trainer on this machine (thread or "
-                                 "process); rollout and trainer services do not take it yet. "
-                                 "Leave lora out, or train here")
-            if reference is not None:
-                raise ValueError("reference= is scored by a trainer in this machine (thread or "
-                                 "process); rollout and trainer services do not take it yet. "
-                                 "Leave reference out, or train here")
             if weight_transfer != "delta":
                 raise ValueError(
                     f"weight_transfer={weight_transfer!r} only applies to an engine in this "
                     "process; rollout services always receive versioned bf16 payloads (deltas "
                     "when they can). Leave weight_transfer out for a remote policy")
-            return self._remote_policy(name, spec, engine, algorithm, optimizer, max_batch_size,
-                                       seed, full_every)
+            policy = self._remote_policy(name, spec, engine, algorithm, optimizer,
+                                         max_batch_size, seed, full_every, reference, lora)
+            self._record(name, engine, max_batch_size, seed, weight_transfer, full_every,
+                         reference, lora)
+            return policy
         if engine not in ENGINES:
             raise ValueError(
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
@@ -247,34 +242,45 @@ class Session:
                         max_batch_size=max_batch_size, seed=seed, lora=lora)
         policy.run_on_loop = self._context.call
         self.policies[name] = policy
+        self._record(name, engine, max_batch_size, seed, weight_transfer, full_every, reference,
+                     lora)
+        return policy
+
+    def _record(self, name: str, engine: str, max_batch_size: int, seed: int,
+                weight_transfer: str, full_every: int, reference: Reference | None,
+                lora: LoRA | None) -> None:
+        """Keep the policy's options for the run's plan (what resume rebuilds it from)."""
         self._context.recipes[name] = {
             "engine": engine, "max_batch_size": max_batch_size, "seed": seed,
             "weight_transfer": weight_transfer, "full_every": full_every,
             **({} if reference is None else {"reference": reference_to_dict(reference)}),
             **({} if lora is None else {"lora": lora_to_dict(lora)})}
-        return policy
 
     def _remote_policy(self, name: str, spec: ModelSpec, engine: str, algorithm: Algorithm,
                        optimizer: AdamWConfig, max_batch_size: int, seed: int,
-                       full_every: int) -> Policy:
+                       full_every: int, reference: Reference | None,
+                       lora: LoRA | None) -> Policy:
         """A policy whose episodes run on rollout services (and trains on the trainer service)."""
         pool = self._context.pool
         assert pool is not None  # add_policy comes here only with rollout services
         trainer: RemoteTrainer | LocalTrainer
         if self._context.trainer is not None:
             body = {"name": name, "model": spec_to_wire(spec),
-                    "optimizer": dataclasses.asdict(optimizer), "full_every": full_every}
+                    "optimizer": dataclasses.asdict(optimizer), "full_every": full_every,
+                    **({} if reference is None else {"reference": reference_to_dict(reference)}),
+                    **({} if lora is None else {"lora": lora_to_dict(lora)})}
             trainer = RemoteTrainer(self._context.trainer, body, algorithm)
             self._context.call(trainer.create)
             publisher = ServicesPublisher(pool, name, trainer)
         else:
             trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device,
-                                   dtype=dtype_for(self.device, spec))
+                                   dtype=dtype_for(self.device, spec), reference=reference,
+                                   lora=lora)
             publisher = ServicesPublisher(pool, name, trainer,
                                           WeightStore(name, full_every=full_every))
         publisher.publish_initial()
         policy = Policy(name, spec, algorithm, optimizer, None, trainer, publisher,
-                        spec.tokenizer(), max_batch_size=max_batch_size, seed=seed)
+                        spec.tokenizer(), max_batch_size=max_batch_size, seed=seed, lora=lora)
         policy.run_on_loop = self._context.call
         self.policies[name] = policy
         try:

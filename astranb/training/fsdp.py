@@ -275,19 +275,28 @@ class FSDPBackend:
         algorithm: Algorithm,
         optimizer: AdamWConfig | None = None,
         micro_batch_size: int = 64,
+        *,
+        reference: object = None,
+        lora: object = None,
     ) -> int:
         """Build policy `name`'s model on every rank and shard it; returns its version (0).
 
         A policy of the same name is replaced (as LocalBackend does), optimizer state and all.
-        `optimizer` None means `AdamWConfig()`.
+        `optimizer` None means `AdamWConfig()`. `reference` and `lora` are refused: FSDP does
+        not train them yet.
 
         Raises:
-            ValueError: micro_batch_size < 1.
+            ValueError: micro_batch_size < 1; a reference or LoRA asked for.
             TypeError: the algorithm is not one of astranb's configs (only those travel as JSON;
                 the trainer service runs any other one's loss in its caller).
         """
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        for field, value in (("reference", reference), ("lora", lora)):
+            if value is not None:
+                raise ValueError(f"{field}= is not trained by FSDP yet (--nproc > 1); serve the "
+                                 f"trainer with --nproc 1 for a policy with {field}=, or leave "
+                                 "it out")
         args = {
             "name": name,
             "spec": asdict(spec),

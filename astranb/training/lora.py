@@ -21,16 +21,20 @@ peft is imported when a LoRA is asked for (`pip install "astranb[lora]"`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save
 
 __all__ = ["LoRA", "lora_to_dict", "lora_from_dict", "wrap", "merged_weights",
-           "adapter_weights", "load_adapter_weights", "save_adapter"]
+           "adapter_weights", "load_adapter_weights", "save_adapter", "adapter_to_bytes",
+           "write_adapter"]
 
 
 @dataclass(frozen=True)
@@ -182,4 +186,39 @@ def save_adapter(model: Any, directory: str | os.PathLike[str]) -> Path:
     """PEFT's own folder (adapter_config.json + adapter_model.safetensors)."""
     directory = Path(directory)
     model.save_pretrained(directory)
+    return directory
+
+
+CONFIG_KEY = "adapter_config"  # the safetensors metadata entry holding adapter_config.json
+
+
+def adapter_to_bytes(model: Any) -> bytes:
+    """PEFT's folder as one safetensors payload: adapter_model.safetensors's tensors, with
+    adapter_config.json's text in its metadata (what a trainer service sends; `write_adapter`
+    writes the folder back)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_adapter(model, tmp)
+        config = (folder / "adapter_config.json").read_text()
+        tensors = load_file(folder / "adapter_model.safetensors")
+    return save(tensors, metadata={"format": "pt", CONFIG_KEY: config})
+
+
+def write_adapter(payload: bytes, directory: str | os.PathLike[str]) -> Path:
+    """Write what `adapter_to_bytes` made as PEFT's folder (adapter_config.json +
+    adapter_model.safetensors).
+
+    Raises:
+        ValueError: the payload is not a safetensors file with an adapter config.
+    """
+    size = int.from_bytes(payload[:8], "little")
+    try:
+        header = json.loads(payload[8:8 + size])
+        config = header["__metadata__"][CONFIG_KEY]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError("the adapter payload is not a safetensors file carrying "
+                         f"{CONFIG_KEY!r} in its metadata") from exc
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_model.safetensors").write_bytes(payload)
+    (directory / "adapter_config.json").write_text(config)
     return directory
