@@ -4,6 +4,7 @@ naming the field, and a LoRA policy's adapters come back as PEFT's folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -120,6 +121,11 @@ def test_bad_reference_or_lora_bodies_get_a_422_naming_the_field(services, tmp_p
         assert all(w in answer.json()["error"] for w in words), (extra, answer.text)
     refused = httpx.post(f"{started.trainer_url}/v1/policies", json=body, timeout=60)
     assert refused.status_code == 200  # nothing half-made is left under the name
+    teacher_dir = dataclasses.replace(SPEC, seed=7).save(tmp_path / "teacher")  # on its host
+    distilled = {"name": "distilled", "model": spec_to_wire(SPEC), "reference": {
+        "model": spec_to_wire(ab.models.local(teacher_dir)), "distill": 1.0}}
+    answer = httpx.post(f"{started.trainer_url}/v1/policies", json=distilled, timeout=60)
+    assert answer.status_code == 200, answer.text
     no_adapter = httpx.get(f"{started.trainer_url}/v1/adapter/bad", timeout=60)
     assert no_adapter.status_code == 409 and "full weights" in no_adapter.json()["error"]
 
