@@ -213,6 +213,8 @@ class Policy:
         A LoRA policy writes PEFT's adapter folder (adapter_config.json and
         adapter_model.safetensors, loaded by `peft.PeftModel.from_pretrained(base, directory)`)
         and its tokenizer; `merged=True` writes the base model with the adapters merged instead.
+        On a trainer service only the adapter folder can be written (fetched from the service);
+        the full or merged weights stay there (RuntimeError).
 
         Returns:
             The folder.
