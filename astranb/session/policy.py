@@ -133,12 +133,15 @@ class Policy:
         Returns:
             The loss and the algorithm's metrics (what a metrics row gets from a step).
         """
-        return self._blocks("forward_backward").forward_backward(batch, algorithm)
+        metrics: dict[str, float] = self._blocks("forward_backward").forward_backward(
+            batch, algorithm)
+        return metrics
 
     def optim_step(self) -> dict[str, float]:
         """Apply the gradients `forward_backward` left (clipped, AdamW); version += 1. The
         engine still samples from the old weights until `publish_weights()`."""
-        return self._blocks("optim_step").optim_step()
+        metrics: dict[str, float] = self._blocks("optim_step").optim_step()
+        return metrics
 
     def publish_weights(self) -> dict[str, Any]:
         """Bring the engine to the trainer's version now (blocking; `publish` from a cell);
@@ -146,7 +149,8 @@ class Policy:
         if self.run_on_loop is None:
             raise RuntimeError(f"policy {self.name!r} is not part of a session: nothing can "
                                "publish its weights")
-        return self.run_on_loop(self.publish)
+        transfer: dict[str, Any] = self.run_on_loop(self.publish)
+        return transfer
 
     def _blocks(self, what: str) -> Any:
         if not hasattr(self.trainer, what):
