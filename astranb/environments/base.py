@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -146,6 +147,7 @@ class EpisodeContext:
         budget (the agent saw an error); the episode then ends as truncated (root only)."""
         self._bindings: dict[tuple[str, str], Any] = {}  # (agent, role) -> endpoint (root only)
         self._clients: dict[tuple[str, str], Any] = {}  # (agent, role) -> client (root only)
+        self._shared_clients: set[tuple[str, str]] = set()  # those on the loop's HTTP client
         self._sampled = 0  # tokens sampled so far (the episode's token budget; root only)
         self._children = 0  # sub-agents spawned so far (numbers their paths)
 
@@ -264,6 +266,10 @@ class EpisodeContext:
                 raise ImportError("ctx.openai_client needs the openai package: pip install "
                                   "'astranb[openai]' (or use ctx.openai_base_url)") from missing
             options.setdefault("max_retries", 0)
+            if "http_client" not in options:  # one per event loop: a new one costs ~70 ms
+                options["http_client"] = _loop_http_client()
+                root_shared = self._root._shared_clients
+                root_shared.add(key)
             clients[key] = AsyncOpenAI(base_url=self.openai_base_url(role),
                                        api_key="astranb-episode", **options)
         return clients[key]
@@ -279,7 +285,10 @@ class EpisodeContext:
         for binding in root._bindings.values():
             endpoints.close(binding)
         root._bindings.clear()
-        clients, root._clients = list(root._clients.values()), {}
+        # a client on the loop's shared HTTP client is left open (closing it would close that
+        # for every episode): its calls fail anyway, the endpoint's bindings being closed
+        clients = [c for k, c in root._clients.items() if k not in root._shared_clients]
+        root._clients, root._shared_clients = {}, set()
         with anyio.CancelScope(shield=True):
             for client in clients:
                 await client.close()
@@ -548,3 +557,28 @@ def _arguments(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -
     except (TypeError, ValueError):  # builtins without a signature, or a call that will fail
         return jsonable({**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs})
     return jsonable(dict(bound.arguments))
+
+
+_LOOP_HTTP_CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _loop_http_client() -> Any:
+    """The running event loop's `httpx.AsyncClient` for episode endpoints' OpenAI clients.
+
+    Building an `openai.AsyncOpenAI` builds an HTTP client with its TLS context (~70 ms of CPU);
+    made once per loop and shared, a client per episode costs ~0.1 ms. It keeps no connection
+    open between requests (a new one to 127.0.0.1 is cheap), so nothing is left to close when
+    the loop ends.
+    """
+    import asyncio
+
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    client = _LOOP_HTTP_CLIENTS.get(loop)
+    if client is None or client.is_closed:
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=0),
+            timeout=httpx.Timeout(None), trust_env=False)
+        _LOOP_HTTP_CLIENTS[loop] = client
+    return client
