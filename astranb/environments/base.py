@@ -563,22 +563,26 @@ _LOOP_HTTP_CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDiction
 
 
 def _loop_http_client() -> Any:
-    """The running event loop's `httpx.AsyncClient` for episode endpoints' OpenAI clients.
+    """The running event loop's `httpx.AsyncClient` for `ctx.openai_client`'s clients.
 
-    Building an `openai.AsyncOpenAI` builds an HTTP client with its TLS context (~70 ms of CPU);
-    made once per loop and shared, a client per episode costs ~0.1 ms. It keeps no connection
-    open between requests (a new one to 127.0.0.1 is cheap), so nothing is left to close when
-    the loop ends.
+    Its transport calls the endpoint server's ASGI app in this loop (httpx's ASGITransport, as
+    the loopback client 127.0.0.1): the same routes, token check and recording as a request over
+    the socket, without the socket, the HTTP parsing and the server thread's hop. Building an
+    `openai.AsyncOpenAI` otherwise builds an HTTP client with its TLS context (~70 ms of CPU);
+    made once per loop and shared, a client per episode costs ~0.1 ms. Agents that build their
+    own client from `ctx.openai_base_url` go over the socket as before.
     """
     import asyncio
 
     import httpx
 
+    from .openai_endpoint import create_app, endpoints
+
     loop = asyncio.get_running_loop()
     client = _LOOP_HTTP_CLIENTS.get(loop)
     if client is None or client.is_closed:
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=0),
-            timeout=httpx.Timeout(None), trust_env=False)
+        transport = httpx.ASGITransport(app=create_app(endpoints), client=("127.0.0.1", 0))
+        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(None),
+                                   trust_env=False)
         _LOOP_HTTP_CLIENTS[loop] = client
     return client
