@@ -5,6 +5,8 @@ opens a binding of this episode's role on the process's endpoint server: a small
 127.0.0.1, its port picked by the OS, started on first use in a thread of its own. Every binding
 has a random token in its base URL (`http://127.0.0.1:<port>/episodes/<token>/v1`); a request
 with no live token is refused (401), one from or addressed to anything but loopback too (403).
+`ctx.openai_client` reaches the same app without the socket: its HTTP client (one per event
+loop) calls the app in the episode's loop through httpx's ASGITransport as client 127.0.0.1.
 When the episode ends its bindings close: later calls get 410 at once, calls in flight are
 cancelled and answered 410.
 
