@@ -52,7 +52,7 @@ from ..models import ModelSpec
 from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
 from ..training.lora import LoRA, lora_from_dict, lora_to_dict
 from ..training.reference import Reference, reference_from_dict, reference_to_dict
-from ..training.trace import StepTrace, caller_trace
+from ..training.trace import StepRecorder, StepTrace, caller_trace
 from ..types import Batch, WeightUpdate
 from ..weights.publish import apply_to_engine, deliver, transfer_metrics
 from ..weights.store import PublishStats
@@ -115,7 +115,8 @@ def _exactly(stream: IO[bytes], n: int) -> bytes | None:
 
 # -- the notebook side ----------------------------------------------------------------------------
 
-class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer):
+class ProcessTrainer(StepRecorder, Trainer, Checkpointable, SupervisedTrainer,
+                     RecordingTrainer):
     """Trains one policy in a child process (the `Trainer` contract, plus `pull` for publishing).
 
     Args:
@@ -164,8 +165,6 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTraine
 
     # -- Trainer ----------------------------------------------------------------------------------
 
-    _record_next = False  # `record_next_step` was called: the next step records
-    _recording: StepTrace | None = None  # the last recorded step's trace, until taken
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch` in the child; its metrics (plus `trainer_seconds`).
@@ -177,24 +176,6 @@ class ProcessTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTraine
         if trace is not None:
             self._recording = trace
         return metrics
-
-    def record_next_step(self) -> None:
-        """Have the next `step` record what it trains (`LocalTrainer.record_next_step` in the
-        child; the trace comes back as safetensors before the snapshot in the reply's body)."""
-        self._record_next = True
-
-    def take_recording(self) -> StepTrace | None:
-        """The last recorded step's `StepTrace`, once (None: none since the last take)."""
-        recording, self._recording = self._recording, None
-        return recording
-
-    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
-        """`step`, and what it trained (see `record_next_step`)."""
-        self.record_next_step()
-        metrics = self.step(batch)
-        recording = self.take_recording()
-        assert recording is not None
-        return metrics, recording
 
     def _step(self, batch: Batch, *, record: bool) -> tuple[dict[str, float], StepTrace | None]:
         start = time.perf_counter()

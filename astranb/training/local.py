@@ -30,7 +30,7 @@ from ..types import Batch
 from . import lora as adapters
 from .lora import LoRA
 from .reference import Reference
-from .trace import StepRecording, StepTrace
+from .trace import StepRecorder, StepRecording
 
 __all__ = [
     "AdamWConfig",
@@ -241,7 +241,7 @@ def clip_and_step(model, optimizer: torch.optim.Optimizer, config: AdamWConfig) 
     return float(norm)
 
 
-class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer):
+class LocalTrainer(StepRecorder, Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer):
     """Trains one policy's model in this process.
 
     Args:
@@ -300,8 +300,6 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer)
             parameter.requires_grad_(False)
         return model.eval()
 
-    _record_next = False  # `record_next_step` was called: the next step records
-    _recording: StepTrace | None = None  # the last recorded step's trace, until taken
 
     def step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss and algorithm metrics. Version += 1.
@@ -312,23 +310,6 @@ class LocalTrainer(Trainer, Checkpointable, SupervisedTrainer, RecordingTrainer)
         metrics, batch = self._step(batch, recording := StepRecording())
         self._recording = recording.trace(self.algorithm, batch)
         return metrics
-
-    def record_next_step(self) -> None:
-        """Have the next `step` record what it trains, token by token (training/trace.py)."""
-        self._record_next = True
-
-    def take_recording(self) -> StepTrace | None:
-        """The last recorded step's `StepTrace`, once (None: none since the last take)."""
-        recording, self._recording = self._recording, None
-        return recording
-
-    def step_recorded(self, batch: Batch) -> tuple[dict[str, float], StepTrace]:
-        """`step`, and what it trained token by token (the step inspector, training/trace.py)."""
-        self.record_next_step()
-        metrics = self.step(batch)
-        recording = self.take_recording()
-        assert recording is not None
-        return metrics, recording
 
     def _step(self, batch: Batch, recording: StepRecording | None
               ) -> tuple[dict[str, float], Batch]:

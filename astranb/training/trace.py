@@ -27,7 +27,7 @@ from safetensors.torch import save as st_save
 from ..algorithms import Algorithm
 from ..types import Batch
 
-__all__ = ["StepTrace", "StepRecording", "BATCH_FIELDS", "caller_trace"]
+__all__ = ["StepTrace", "StepRecording", "StepRecorder", "BATCH_FIELDS", "caller_trace"]
 
 BATCH_FIELDS = ("input_ids_B_T", "attention_mask_B_T", "loss_mask_B_T", "old_logp_B_T",
                 "advantages_B_T", "versions_B_T", "rewards_B")
@@ -145,3 +145,28 @@ def caller_trace(trace: StepTrace, algorithm: Algorithm, batch: Batch,
     tensors["advantages_B_T"] = adv_B_T.detach().float().cpu()
     tensors.update({f"mask/{name}_B_T": m.bool().cpu() for name, m in masks.items()})
     return StepTrace(tensors, {**trace.header, "algorithm": algorithm.name})
+
+
+class StepRecorder:
+    """The recording half of a `contracts.RecordingTrainer`, shared by the trainers: a flag the
+    next `step` reads (`_record_next`) and the trace it leaves (`_recording`)."""
+
+    _record_next = False  # `record_next_step` was called: the next step records
+    _recording: StepTrace | None = None  # the last recorded step's trace, until taken
+
+    def record_next_step(self) -> None:
+        """Have the next `step` record what it trains, token by token."""
+        self._record_next = True
+
+    def take_recording(self) -> StepTrace | None:
+        """The last recorded step's `StepTrace`, once (None: none since the last take)."""
+        recording, self._recording = self._recording, None
+        return recording
+
+    def step_recorded(self, batch: Any) -> tuple[dict[str, float], StepTrace]:
+        """`step`, and what it trained token by token."""
+        self.record_next_step()
+        metrics = self.step(batch)  # type: ignore[attr-defined]
+        recording = self.take_recording()
+        assert recording is not None
+        return metrics, recording
