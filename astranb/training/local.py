@@ -464,8 +464,9 @@ class LocalTrainer(StepRecorder, Trainer, Checkpointable, SupervisedTrainer, Rec
             save_file(self.adapter_weights(), directory / "adapter.safetensors")
         tensors, meta = optimizer_state_to_tensors(self.optimizer.state_dict())
         save_file(tensors, directory / "optimizer.safetensors")
-        info = {"version": self.version, "optimizer": asdict(self.optimizer_config), **meta,
-                "lora": None if self.lora is None else adapters.lora_to_dict(self.lora)}
+        info = {"version": self.version, "optimizer": asdict(self.optimizer_config), **meta}
+        if self.lora is not None:  # full fine-tuning's format stays FSDP's as well
+            info["lora"] = adapters.lora_to_dict(self.lora)
         (directory / "trainer.json").write_text(json.dumps(info, indent=1))
         return directory
 
