@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.timeout(300),
 
 MODEL = ab.models.tiny(hidden_size=32, num_heads=2)
 LORA = ab.LoRA(rank=4, alpha=8)
+# every step trains, tied groups too (a random tiny model ties most of them: with the filter a
+# run can wait minutes for two groups with a signal), and the entropy bonus moves the weights
+MOVING = ab.GRPO(filter_groups=False, entropy_coef=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def test_kl_to_the_start_trains_on_a_trainer_service(services, tmp_path):
     with ab.Session(tmp_path, rollout=started.rollout_urls,
                     trainer=started.trainer_url) as session:
         policy = session.policy("kl", model=MODEL, max_batch_size=32,
-                                reference=ab.Reference(kl_coef=0.1))
+                                reference=ab.Reference(kl_coef=0.1), algorithm=MOVING)
         kl_grows_from_zero(short_run(session, policy).rows)
         assert session.context.recipes["kl"]["reference"]["kl_coef"] == 0.1
 
@@ -67,7 +70,7 @@ def test_kl_to_the_start_trains_here_with_rollout_services(services, tmp_path):
     started, _ = services
     with ab.Session(tmp_path, rollout=started.rollout_urls) as session:
         policy = session.policy("kl_here", model=MODEL, max_batch_size=32,
-                                reference=ab.Reference(kl_coef=0.1))
+                                reference=ab.Reference(kl_coef=0.1), algorithm=MOVING)
         kl_grows_from_zero(short_run(session, policy).rows)
         adapted = session.policy("lora_here", model=MODEL, lora=LORA)
         assert adapted.trainer.lora == LORA and adapted.lora == LORA
@@ -82,7 +85,8 @@ def test_a_lora_policy_on_a_trainer_service_trains_only_adapters_and_saves_them(
     started, checkpoints = services
     with ab.Session(tmp_path, rollout=started.rollout_urls,
                     trainer=started.trainer_url) as session:
-        policy = session.policy("adapted", model=MODEL, max_batch_size=32, lora=LORA)
+        policy = session.policy("adapted", model=MODEL, max_batch_size=32, lora=LORA,
+                                algorithm=MOVING)
         assert len(short_run(session, policy, steps=2).rows) == 2
         folder = policy.save_pretrained(tmp_path / "adapter")
         with pytest.raises(RuntimeError, match="live on the trainer service"):
