@@ -273,10 +273,11 @@ def test_the_learned_event_is_recorded_shown_and_ends_training_when_asked(tmp_pa
         # training ended at the event: one step after it at most, far before the 500 asked
         assert len(run.rows) <= event["step"] + 1 < 500
         rows = run.rows
-        # past it the step trains on what it has: here every group ties, so the one tied
-        # group that came once the buffer was empty
+        # past it the step trains on what it has: its groups with a signal, or, when none has
+        # one (here every group ties after the first few), its tied groups (how many steps
+        # hit the budget before the event depends on timing)
         hit = [r for r in rows if r["filter_budget_hit"]]
-        assert hit and any(r["tied_trained"] >= 1 for r in hit)
+        assert hit and all(r["tied_trained"] in (0, r["trained_groups"]) for r in hit)
         assert all(r["samples_trained"] <= 4 for r in rows)
         assert rows[-1]["tied_fraction"] == 1.0
         assert all(0.0 <= r["tied_fraction"] <= 1.0 for r in rows
