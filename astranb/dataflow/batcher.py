@@ -11,6 +11,7 @@ broadcast over the row's tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ from ..algorithms import Algorithm
 from ..types import Batch, Trajectory, Turn
 from .buffer import Group
 
-__all__ = ["build_batch", "chains", "group_rewards", "has_signal_for", "policy_reward"]
+__all__ = ["build_batch", "chains", "group_rewards", "has_signal_for", "pad_id", "policy_reward"]
 
 
 def policy_reward(traj: Trajectory, policy: str) -> float | None:
@@ -38,6 +39,12 @@ def has_signal_for(group: Group | Sequence[Trajectory], policy: str) -> bool:
     """False when every episode earned the same reward (zero advantage: nothing to learn)."""
     rewards = group_rewards(group, policy)
     return len(rewards) > 1 and any(r != rewards[0] for r in rewards)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id a batch is right-padded with: the tokenizer's pad token, else its eos (else 0)."""
+    pad = tokenizer.pad_token_id
+    return pad if pad is not None else (tokenizer.eos_token_id or 0)
 
 
 def build_batch(groups: Sequence[Group], policy: str, algorithm: Algorithm, pad_id: int, *,

@@ -21,7 +21,7 @@ from ..contracts import PolicyHandle, RemoteEpisodes, RunRecorder
 from ..errors import TrainerRolledBack
 from ..types import Batch
 from .barrier import VersionBarrier
-from .batcher import build_batch, has_signal_for
+from .batcher import build_batch, has_signal_for, pad_id
 from .buffer import Buffer, Group
 from .orchestrator import RolloutCounters
 from .sampling import in_batch
@@ -171,7 +171,7 @@ class TrainLoop:
         )
         try:
             batch = build_batch(self._in_batch(groups), policy.name, policy.algorithm,
-                                _pad_id(policy))
+                                pad_id(policy.tokenizer))
             await policy.prepare(batch)
         except BaseException:  # cancelled (or failed) before training: the groups go back
             for group in groups:
@@ -355,11 +355,6 @@ def silent_flags(row: Mapping[str, Any]) -> list[str]:
     if float(row.get("logp_gap_mean") or 0.0) > MISMATCH_THRESHOLD:
         flags.append("mismatch")
     return flags
-
-
-def _pad_id(policy: PolicyHandle) -> int:
-    pad = policy.tokenizer.pad_token_id
-    return pad if pad is not None else (policy.tokenizer.eos_token_id or 0)
 
 
 def _start(job: Callable[[], Awaitable[dict[str, Any]]]) -> asyncio.Future[dict[str, Any]]:

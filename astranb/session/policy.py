@@ -19,7 +19,7 @@ import torch
 
 from ..algorithms import Algorithm
 from ..contracts import Engine, Publisher, RecordingTrainer, SupervisedTrainer, Trainer
-from ..dataflow.batcher import build_batch
+from ..dataflow.batcher import build_batch, pad_id
 from ..dataflow.buffer import Group
 from ..models import ModelSpec
 from ..training.local import AdamWConfig
@@ -121,9 +121,7 @@ class Policy:
         trains: tokens, masks, the algorithm's group-relative advantages, the sampling logprobs
         and the weight version of every token (`dataflow.batcher.build_batch`, the train
         loop's own)."""
-        pad = self.tokenizer.pad_token_id
-        return build_batch(list(groups), self.name, self.algorithm,
-                           pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        return build_batch(list(groups), self.name, self.algorithm, pad_id(self.tokenizer))
 
     def forward_backward(self, batch: Batch, algorithm: Algorithm | None = None
                          ) -> dict[str, float]:
