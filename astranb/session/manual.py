@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -32,8 +32,12 @@ from ..dataflow.buffer import Group
 from ..environments.base import Environment
 from ..environments.play import play_episode
 from ..types import Trajectory
+from . import heldout, launch
 
-__all__ = ["SampleStreams", "play_groups"]
+if TYPE_CHECKING:
+    from .context import RunContext
+
+__all__ = ["ManualPlays", "SampleStreams", "play_groups"]
 
 
 class SampleStreams:
@@ -101,3 +105,36 @@ async def play_groups(env: Environment, wiring: Mapping[str, Any],
         names = frozenset(turn.policy for t in ok for turn in t.turns)
         groups.append(Group(first_id + i, ok, version, names))
     return groups
+
+
+class ManualPlays:
+    """What `Session.play` keeps between calls: the sample streams and the next group id."""
+
+    def __init__(self) -> None:
+        self.streams = SampleStreams()
+        self.next_group = 0
+
+    def play(self, context: RunContext, env: Environment | None, groups: int, group_size: int,
+             samples: Sequence[Mapping[str, Any]] | None, seed: int) -> list[Group]:
+        """`Session.play`: check, choose the samples, play them on the session's loop."""
+        going = [r for r in context.runs if not r.done]
+        if going:
+            raise RuntimeError("a run is training these policies: a manual step now would race "
+                               "it. Stop it first (run.stop()) or wait for it (run.wait())")
+        if context.pool is not None:
+            raise ValueError("session.play plays on this process's engines; this session's "
+                             "episodes run on rollout services. Use a Session without rollout= "
+                             "for a manual loop")
+        heldout.positive("group_size", group_size, "episodes per sample (e.g. group_size=8)")
+        if env is None:
+            env = heldout.only_env(launch.check_ready(context), "env")
+        wiring = heldout.eval_wiring(env, list(context.wiring))
+        if samples is None:
+            heldout.positive("groups", groups, "the number of samples to play (e.g. groups=2)")
+            chosen = self.streams.take(env, seed, groups)
+        else:
+            chosen = [dict(sample) for sample in samples]
+            if not chosen:
+                raise ValueError("samples= is empty: give at least one sample to play")
+        first, self.next_group = self.next_group, self.next_group + len(chosen)
+        return context.call(play_groups, env, wiring, chosen, group_size, first)

@@ -49,7 +49,7 @@ from ..weights.store import WeightStore
 from . import heldout, launch, restore
 from .context import RunContext
 from .folder import trainer_log
-from .manual import SampleStreams, play_groups
+from .manual import ManualPlays
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -101,8 +101,7 @@ class Session:
     ):
         # creates the folder and locks it: one live Session per folder
         self._context = RunContext(Path(directory))
-        self._manual_samples = SampleStreams()  # session.play's sample streams
-        self._manual_groups = 0
+        self._manual = ManualPlays()  # session.play's sample streams and group ids
         self.device = device
         threads = torch_threads or max(1, (os.cpu_count() or 2) // 2)
         torch.set_num_threads(threads)
@@ -605,27 +604,7 @@ class Session:
             ValueError: bad arguments, or the session plays on rollout services.
         """
         self._context.check_open()
-        going = [r for r in self._context.runs if not r.done]
-        if going:
-            raise RuntimeError("a run is training these policies: a manual step now would race "
-                               "it. Stop it first (run.stop()) or wait for it (run.wait())")
-        if self._context.pool is not None:
-            raise ValueError("session.play plays on this process's engines; this session's "
-                             "episodes run on rollout services. Use a Session without rollout= "
-                             "for a manual loop")
-        heldout.positive("group_size", group_size, "episodes per sample (e.g. group_size=8)")
-        if env is None:
-            env = heldout.only_env(launch.check_ready(self._context), "env")
-        wiring = heldout.eval_wiring(env, list(self._context.wiring))
-        if samples is None:
-            heldout.positive("groups", groups, "the number of samples to play (e.g. groups=2)")
-            chosen = self._manual_samples.take(env, seed, groups)
-        else:
-            chosen = [dict(sample) for sample in samples]
-            if not chosen:
-                raise ValueError("samples= is empty: give at least one sample to play")
-        first, self._manual_groups = self._manual_groups, self._manual_groups + len(chosen)
-        return self._context.call(play_groups, env, wiring, chosen, group_size, first)
+        return self._manual.play(self._context, env, groups, group_size, samples, seed)
 
     @property
     def runs(self) -> list[Run]:
