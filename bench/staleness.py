@@ -93,33 +93,96 @@ def make_algorithm(name: str):
 # -- one run --------------------------------------------------------------------------------------
 
 def run_one(task: Task, algorithm: str, staleness: int, seed: int, model_dir: Path, cap: float,
-            steps_cap: int, workdir: Path, label: str, every: float) -> list[dict]:
-    """One astranb run, stopped by `finished` or the step cap; its raw metrics rows (dicts)."""
+            steps_cap: int, workdir: Path, label: str, every: float, *, config=None,
+            lr: float = LR, max_batch_size: int = BATCH, prefill: bool = False) -> list[dict]:
+    """One astranb run, stopped by `finished` or the step cap; its raw metrics rows (dicts).
+
+    config: the algorithm object (default: `make_algorithm(algorithm)`); lr: AdamW's;
+    max_batch_size: the engine's; prefill: hold the first train step until the staleness gate
+    is full (see `PrefillHold`), so that the bound is reached `staleness` steps in rather than
+    after the rollouts have slowly built a lead. The first row then says `prefill_s`, the
+    hold's seconds.
+    """
     import astranb as ab
 
     with ab.Session(workdir) as session:
         policy = session.policy("solver", model=ab.models.local(model_dir),
-                                algorithm=make_algorithm(algorithm),
-                                optimizer=ab.AdamWConfig(lr=LR), max_batch_size=BATCH, seed=seed)
+                                algorithm=config or make_algorithm(algorithm),
+                                optimizer=ab.AdamWConfig(lr=lr), max_batch_size=max_batch_size,
+                                seed=seed)
         session.wire(arithmetic_env(task), solver=policy)
+        hold = PrefillHold(policy.trainer) if prefill and staleness else None
         started = last_print = time.monotonic()
         run = session.train(steps=steps_cap, batch_size=BATCH, group_size=GROUP_SIZE,
                             max_staleness=staleness, seed=seed)
-        while not run.done:
-            time.sleep(0.5)
-            raw = run.rows
-            rows = reward_rows(raw)
-            if finished(rows, cap) or time.monotonic() - started > cap + 60:
-                run.stop()
-            if raw and time.monotonic() - last_print >= every:
-                last_print = time.monotonic()
-                last = raw[-1]
-                print(f"  {label}: step {len(raw)}, {last['time']:.0f} s, reward "
-                      f"{_num(window_mean(rows), 3)} (last {WINDOW} episodes), staleness "
-                      f"{last['staleness_mean']:.1f} (max {last['staleness_max']})",
-                      file=sys.stderr, flush=True)
+        if hold is not None:
+            run.on_event(hold.on_event)
+        try:
+            while not run.done:
+                time.sleep(0.5)
+                raw = run.rows
+                rows = reward_rows(raw)
+                if finished(rows, cap) or time.monotonic() - started > cap + 60:
+                    run.stop()
+                if raw and time.monotonic() - last_print >= every:
+                    last_print = time.monotonic()
+                    last = raw[-1]
+                    print(f"  {label}: step {len(raw)}, {last['time']:.0f} s, reward "
+                          f"{_num(window_mean(rows), 3)} (last {WINDOW} episodes), staleness "
+                          f"{last['staleness_mean']:.1f} (max {last['staleness_max']})",
+                          file=sys.stderr, flush=True)
+        finally:
+            if hold is not None:
+                hold.release()  # a run stopped during the hold must not wait out its timeout
         run.wait(progress=False)  # re-raises a failure (a stopped run is not one)
-        return run.rows
+        rows = run.rows
+        if hold is not None and rows:
+            rows[0] = {**rows[0], "prefill_s": hold.seconds}
+        return rows
+
+
+class PrefillHold:
+    """Holds a trainer's first step until the rollouts have filled the staleness gate.
+
+    On a CPU the trainer is the slow side by only some 20%, so rollouts build their lead over
+    the trainer slowly: at bound 256 a run trains ~1,300 steps before a group is 256 versions old.
+    Held, the first step waits while the engine plays with the initial weights until the gate
+    admits no more groups (no episode finished for `quiet` seconds), as in the M2PO paper's
+    setting, where the first `bound` steps train on the initial model's rollouts. After the hold
+    the step at version k trains groups k versions old until k reaches the bound.
+
+    Replaces the trainer's `step` on that one object; nothing else changes.
+    """
+
+    def __init__(self, trainer, quiet: float = 1.5, timeout: float = 120.0) -> None:
+        import threading
+
+        self._step, self._quiet, self._timeout = trainer.step, quiet, timeout
+        self._released = threading.Event()
+        self._last_episode = time.monotonic()
+        self.episodes, self.seconds = 0, 0.0
+        trainer.step = self._held_step
+
+    def on_event(self, kind: str, payload) -> None:
+        """Run observer: counts finished episodes."""
+        if kind == "episode":
+            self.episodes += 1
+            self._last_episode = time.monotonic()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _held_step(self, batch):
+        if not self._released.is_set():
+            started = time.monotonic()
+            while not self._released.wait(0.25):
+                now = time.monotonic()
+                quiet = self.episodes and now - self._last_episode >= self._quiet
+                if quiet or now - started >= self._timeout:
+                    break
+            self._released.set()
+            self.seconds = time.monotonic() - started
+        return self._step(batch)
 
 
 def reward_rows(raw: list[dict]) -> list[dict]:
@@ -133,12 +196,23 @@ def measure(raw: list[dict], staleness: int) -> dict:
     result = summarize(reward_rows(raw))
     means = [float(r["staleness_mean"]) for r in raw]
     at_bound = next((i + 1 for i, r in enumerate(raw) if r["staleness_max"] >= staleness), None)
-    cut = [float(r[k]) for r in raw for k in ("m2po_masked_frac", "clip_frac")
-           if k in r and r[k] == r[k]]
+    cut = [c for c in map(cut_share, raw) if c is not None]
     return {**result, "staleness_mean": statistics.fmean(means) if means else None,
             "staleness_max": max((int(r["staleness_max"]) for r in raw), default=None),
             "at_bound": at_bound if staleness else 1,
             "cut": statistics.fmean(cut) if cut else None}
+
+
+CUT_KEYS = ("m2po_masked_frac", "clip_frac", "cispo_clip_frac")
+"""Metrics that say what share of a step's trained tokens the algorithm cut: M2PO's dropped
+tokens, the clipped objectives' tokens whose clip held (GRPO, DAPO; GSPO's whole sequences), and
+CISPO's tokens whose weight was capped (CISPO keeps their gradient, with the weight held)."""
+
+
+def cut_share(row: dict) -> float | None:
+    """The share of a step's trained tokens its algorithm cut (None: the row says none)."""
+    values = [float(row[k]) for k in CUT_KEYS if k in row and row[k] == row[k]]
+    return max(values) if values else None
 
 
 # -- the benchmark --------------------------------------------------------------------------------
