@@ -70,13 +70,14 @@ __all__ = [
     # algorithms, training and the contracts
     "GRPO", "M2PO", "DrGRPO", "DAPO", "GSPO", "CISPO", "RLOO", "ReinforcePP", "Algorithm",
     "AdamWConfig", "Reference", "LoRA", "LocalTrainer", "Trainer", "Engine", "Publisher",
-    "WeightUpdate",
+    "WeightUpdate", "External", "TrainerLink",
     # debugging (the notebook UI, imported on first use)
     "debug", "EpisodeDebugger",
     # errors
     "AstranbError", "EpisodesKeepFailing", "EpisodeTruncated", "NoTrainableTokens",
     "SamplesRanOut", "SessionClosed", "FolderNotWritable", "ReplayError", "ServiceError",
-    "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError",
+    "ServiceUnavailable", "TrainerRolledBack", "WeightTransferError", "TrainerLinkError",
+    "OutOfSync",
     # modules
     "models", "environments", "chat", "data", "weights", "trackers",
     "__version__",
@@ -84,7 +85,12 @@ __all__ = [
 
 # The step-through debugger lives in the notebook UI package; it is imported on first use so
 # that `import astranb` never loads display code.
-_LAZY = {"debug": "astranb.notebook.debug", "EpisodeDebugger": "astranb.notebook.debugger"}
+# An external trainer's choice and link live on the HTTP side (remote/), which the facade's
+# eager imports never reach (tests/test_layers.py): they are bound on first use too.
+_LAZY = {"debug": "astranb.notebook.debug", "EpisodeDebugger": "astranb.notebook.debugger",
+         "External": "astranb.remote.external", "TrainerLink": "astranb.remote.trainer_link",
+         "TrainerLinkError": "astranb.remote.trainer_link",
+         "OutOfSync": "astranb.remote.trainer_link"}
 
 
 def __getattr__(name: str) -> object:

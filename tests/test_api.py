@@ -52,7 +52,7 @@ def test_main_signatures():
     assert params(ab.Session.remove_rollout) == ["self", "url"]
     assert params(ab.Session.policy) == [
         "self", "name", "model", "engine", "algorithm", "optimizer", "max_batch_size", "seed",
-        "weight_transfer", "full_every", "reference", "lora"]
+        "weight_transfer", "full_every", "reference", "lora", "trainer"]
     assert params(ab.Session.wire) == ["self", "env", "weight", "roles"]
     assert params(ab.Session.train) == [
         "self", "steps", "batch_size", "group_size", "max_staleness", "order", "seed", "mode",

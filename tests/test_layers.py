@@ -142,7 +142,8 @@ SERVER_APPS = ("astranb.services.rollout_app", "astranb.services.trainer_app",
 HTTP_CLIENT_SIDE = ("astranb.remote", "astranb.services")
 # session.py is the one module of the session that chooses local or remote parts; context.py
 # holds the pool and the trainer client it chose
-HTTP_CLIENT_USERS = ("astranb.session.session", "astranb.session.context", "astranb.cli",
+HTTP_CLIENT_USERS = ("astranb.session.session", "astranb.session.context",
+                     "astranb.session.placement", "astranb.cli",
                      "astranb.remote", "astranb.services", "astranb.notebook")
 NEVER_LOADED_BY_THE_CORE = (*UI_LIBRARIES, "astranb.notebook", "astranb.services", "fastapi",
                             "uvicorn", "starlette", "tensorboard", "torch.utils.tensorboard",

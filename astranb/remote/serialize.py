@@ -166,7 +166,8 @@ def _optional_str(d: Mapping[str, Any], key: str) -> str | None:
 
 # -- batches --------------------------------------------------------------------------------------
 
-_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
+BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
+"""The tensors of a batch on the wire, by name (safetensors keys)."""
 _OPTIONAL = ("top_p_B",)  # added later: a client that does not send it sampled with top_p 1
 
 
@@ -174,7 +175,7 @@ def batch_to_bytes(batch: Batch, **metadata: str) -> bytes:
     """A Batch as one safetensors blob (plus string metadata such as the policy name)."""
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name in _BATCH_FIELDS:
+    for name in BATCH_FIELDS:
         tensor = getattr(batch, name).detach().cpu().contiguous()
         if tensor.untyped_storage().data_ptr() in seen:  # safetensors refuses shared storage
             tensor = tensor.clone()
@@ -189,10 +190,10 @@ def batch_from_bytes(blob: bytes) -> Batch:
         tensors = st_load(blob)
     except Exception as error:  # safetensors raises its own error types
         raise ValueError(f"batch is not a valid safetensors blob: {error}") from None
-    missing = [n for n in _BATCH_FIELDS if n not in tensors and n not in _OPTIONAL]
+    missing = [n for n in BATCH_FIELDS if n not in tensors and n not in _OPTIONAL]
     if missing:
-        raise ValueError(f"batch lacks tensor(s) {missing}; expected {list(_BATCH_FIELDS)}")
-    present = [n for n in _BATCH_FIELDS if n in tensors]
+        raise ValueError(f"batch lacks tensor(s) {missing}; expected {list(BATCH_FIELDS)}")
+    present = [n for n in BATCH_FIELDS if n in tensors]
     batch = Batch(**{n: tensors[n] for n in present})
     rows = {n: int(tensors[n].shape[0]) if tensors[n].dim() else -1 for n in present}
     if len(set(rows.values())) != 1:

@@ -130,11 +130,15 @@ def check_checkpointing(context: RunContext, checkpoint_every: int | None) -> No
         return
     positive("checkpoint_every", checkpoint_every, "versions between two checkpoints "
              "(e.g. checkpoint_every=50), or None for no checkpoints")
-    if context.pool is not None or not all(
-            isinstance(p.trainer, Checkpointable) for p in context.policies.values()):
+    if context.pool is not None:
         raise ValueError("checkpoint_every is for runs in this process; a trainer "
                          "service checkpoints itself (`astranb serve trainer "
                          "--checkpoint-every N`)")
+    cannot = [n for n, p in context.policies.items() if not isinstance(p.trainer, Checkpointable)]
+    if cannot:
+        raise ValueError(f"checkpoint_every: the trainers of {cannot} cannot write checkpoints "
+                         "(a trainer of your own, trainer='external', keeps its own state: "
+                         "checkpoint it in your loop); leave checkpoint_every out")
 
 
 def _registry(env: Environment) -> dict[str, Any] | None:

@@ -31,25 +31,24 @@ from ..dataflow.buffer import Group
 from ..dataflow.config import INSPECT_EVERY, RunConfig
 from ..dataflow.sampling import DEFAULT_MAX_GEN_BATCHES
 from ..dataflow.stall import STALL_SECONDS
-from ..engines import HFEngine
 from ..environments.base import Environment
 from ..evaluation import RoleEvaluation, check_evaluation
 from ..models import ModelSpec, dtype_for, resolve
 from ..remote.client import TrainerClient
+from ..remote.external import External
 from ..remote.pool import RolloutPool, ServicesPublisher
-from ..remote.process import ProcessPublisher, ProcessTrainer, default_trainer
+from ..remote.process import default_trainer
 from ..remote.scaling import Autoscaler
 from ..remote.serialize import spec_to_wire
 from ..remote.trainer import RemoteTrainer
 from ..training.local import AdamWConfig, LocalTrainer
 from ..training.lora import LoRA, lora_to_dict
 from ..training.reference import Reference, reference_to_dict
-from ..weights.publish import EnginePublisher, StatePublisher
 from ..weights.store import WeightStore
 from . import heldout, launch, restore
 from .context import RunContext
-from .folder import trainer_log
 from .manual import ManualPlays
+from .placement import Placement, external_choice, place
 from .policy import Policy
 from .recorder import Recorder
 from .restore import also_on_the_class
@@ -160,6 +159,7 @@ class Session:
         full_every: int = 10,
         reference: Reference | None = None,
         lora: LoRA | None = None,
+        trainer: External | str | None = None,
     ) -> Policy:
         """Create a policy: a rollout engine and a trainer over two copies of `model`.
 
@@ -185,6 +185,10 @@ class Session:
                 `ab.LoRA(rank=8, alpha=16)`. Engines get the merged weights; checkpoints and
                 `policy.save_pretrained` hold the adapters (training/lora.py). Every trainer
                 but FSDP (`--nproc` > 1).
+            trainer: "external" (or `ab.External(host, port, token)`): a training loop of your
+                own trains this policy, in another process or on another host, through
+                `ab.TrainerLink` (remote/trainer_link.py); the session lends it each batch and
+                takes each version's weights back, checked. Default: the Session's trainer.
         """
         self._context.check_open()
         if name in self.policies:
@@ -197,7 +201,13 @@ class Session:
         if lora is not None and not isinstance(lora, LoRA):
             raise TypeError(f"lora must be an ab.LoRA(...), got {lora!r}; e.g. "
                             "lora=ab.LoRA(rank=8, alpha=16)")
+        external = external_choice(trainer, reference=reference, lora=lora,
+                                   weight_transfer=weight_transfer)
         if self._context.pool is not None:
+            if external is not None:
+                raise ValueError("an external trainer trains a policy sampled in this process; "
+                                 "with rollout services use a trainer service (Session(trainer="
+                                 "'http://...')) or leave trainer= out")
             if weight_transfer != "delta":
                 raise ValueError(
                     f"weight_transfer={weight_transfer!r} only applies to an engine in this "
@@ -213,47 +223,32 @@ class Session:
                 f"engine={engine!r} is not available here; use one of {ENGINES} "
                 "(SGLang engines are served by `astranb serve rollout` on a GPU host)"
             )
-        dtype = dtype_for(self.device, spec)
-        eng = HFEngine(spec, device=self.device, dtype=dtype, max_batch_size=max_batch_size,
-                       seed=seed, name=name)
-        self._context.stack.callback(eng.close)
-        trainer: LocalTrainer | ProcessTrainer
-        publisher: EnginePublisher | StatePublisher | ProcessPublisher
-        if self._train_in == "process":
-            if weight_transfer != "delta":
-                raise ValueError("weight_transfer='state' copies tensors inside one process; a "
-                                 "trainer in a child process (trainer='process') publishes "
-                                 "payloads: leave weight_transfer out")
-            trainer = ProcessTrainer(name, spec, algorithm, optimizer, threads=self._threads,
-                                     device=self.device, dtype=dtype, full_every=full_every,
-                                     log=trainer_log(self.directory, name), reference=reference,
-                                     lora=lora)
-            self._context.stack.callback(trainer.close)
-            publisher = ProcessPublisher(eng, trainer)
-        else:
-            trainer = LocalTrainer(spec, algorithm, optimizer, device=self.device, dtype=dtype,
-                                   reference=reference, lora=lora)
-            publisher = (EnginePublisher(name, eng, trainer,
-                                         WeightStore(name, full_every=full_every))
-                         if weight_transfer == "delta" else StatePublisher(name, eng, trainer))
-        publisher.publish_initial()
-        policy = Policy(name, spec, algorithm, optimizer, eng, trainer, publisher, eng.tokenizer,
-                        max_batch_size=max_batch_size, seed=seed, lora=lora)
+        where = Placement(self._train_in, self.device, dtype_for(self.device, spec),
+                          self._threads, self.directory, external)
+        parts = place(name, spec, algorithm, optimizer, where, self._context.stack,
+                      self._context.loop() if external is not None else None,
+                      max_batch_size=max_batch_size, seed=seed,
+                      weight_transfer=weight_transfer, full_every=full_every,
+                      reference=reference, lora=lora)
+        eng = parts.engine
+        policy = Policy(name, spec, algorithm, optimizer, eng, parts.trainer, parts.publisher,
+                        eng.tokenizer, max_batch_size=max_batch_size, seed=seed, lora=lora)
         policy.run_on_loop = self._context.call
         self.policies[name] = policy
         self._record(name, engine, max_batch_size, seed, weight_transfer, full_every, reference,
-                     lora)
+                     lora, external)
         return policy
 
     def _record(self, name: str, engine: str, max_batch_size: int, seed: int,
                 weight_transfer: str, full_every: int, reference: Reference | None,
-                lora: LoRA | None) -> None:
+                lora: LoRA | None, external: External | None = None) -> None:
         """Keep the policy's options for the run's plan (what resume rebuilds it from)."""
         self._context.recipes[name] = {
             "engine": engine, "max_batch_size": max_batch_size, "seed": seed,
             "weight_transfer": weight_transfer, "full_every": full_every,
             **({} if reference is None else {"reference": reference_to_dict(reference)}),
-            **({} if lora is None else {"lora": lora_to_dict(lora)})}
+            **({} if lora is None else {"lora": lora_to_dict(lora)}),
+            **({} if external is None else {"trainer": "external"})}
 
     def _remote_policy(self, name: str, spec: ModelSpec, engine: str, algorithm: Algorithm,
                        optimizer: AdamWConfig, max_batch_size: int, seed: int,
