@@ -155,6 +155,10 @@ def test_refusals_say_what_was_wrong_and_leave_the_loan_out():
             async with _client(trainer, host="10.1.2.3") as far:
                 answer = await far.get("/v1/status", headers=AUTH)
                 assert answer.status_code == 403 and "loopback" in answer.json()["error"]
+            async with _client(trainer, host="10.1.2.3", loopback_only=False) as far:
+                # listening beyond loopback (External(host=..., token=...)): the token decides
+                assert (await far.get("/v1/status", headers=AUTH)).status_code == 200
+                assert (await far.get("/v1/status")).status_code == 401
             bad_name = await http.post("/v1/register", json={"name": ""}, headers=AUTH)
             assert bad_name.status_code == 400 and "'name'" in bad_name.json()["error"]
             assert (await http.get("/v1/batch", params={"wait": "-1"},
