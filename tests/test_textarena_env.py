@@ -6,6 +6,7 @@ the Elo rule against hand-computed values, clear errors, and short training runs
 from __future__ import annotations
 
 import random
+import re
 
 import anyio
 import pytest
@@ -179,6 +180,38 @@ def test_games_use_a_random_state_of_their_own():
     policy = scripted("p", *TOP_ROW)
     play(tictactoe(), player0=policy, player1=policy)  # the game seeds `random` on reset
     assert random.random() == expected
+
+
+class YieldingEngine(ScriptedEngine):
+    """A scripted engine that lets other episodes run before each reply, as a real one does."""
+
+    async def generate(self, request):
+        await anyio.sleep(0)
+        return await super().generate(request)
+
+
+def test_a_seed_replays_its_deal_even_with_games_played_in_between():
+    # Kuhn Poker deals from Python's random: each game draws from its own stream
+    env = ab.environments.load("textarena", game="KuhnPoker-v0")
+
+    def policy():
+        engine = YieldingEngine(["[check]"] * 30)
+        return ab.Policy("p", ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
+                         StatePublisher("p", engine, None), TOKENIZER)
+
+    def cards(p):
+        return re.findall(r"Your card is: '(\w)'", " ".join(p.engine.prompts))
+
+    async def together(seeds):
+        policies = [policy() for _ in seeds]
+        async with anyio.create_task_group() as tg:
+            for seed, p in zip(seeds, policies, strict=True):
+                tg.start_soon(ab.play_episode, env, {"player0": p, "player1": p}, {"seed": seed})
+        return [cards(p) for p in policies]
+
+    alone = [anyio.run(together, [seed])[0] for seed in (0, 4)]
+    assert alone[0] != alone[1] and len(alone[0]) == 6  # 3 rounds, a card each a round
+    assert anyio.run(together, [0, 4]) == alone
 
 
 def test_a_game_past_max_turns_ends_even():
