@@ -153,6 +153,33 @@ def test_a_loss_taken_in_the_caller_is_recorded_with_its_own_advantages_and_mark
         assert not torch.equal(t["advantages_B_T"], t["grad_logp_B_T"])
 
 
+@pytest.mark.slow  # a run over in-process rollout and trainer services
+@pytest.mark.parametrize("algorithm", [None, NarrowGRPO()], ids=["grpo", "loss_in_caller"])
+def test_a_trainer_service_records_the_steps_it_is_asked_to(tmp_path, algorithm):
+    from tests.envs import CountA
+    from tests.services import in_process_services
+
+    session, apps, _ = in_process_services(lambda **kw: ab.Session(tmp_path / "runs", **kw),
+                                           rollouts=1)
+    with session:
+        policy = session.policy("solver", model=SPEC, max_batch_size=32,
+                                algorithm=algorithm or GRPO(clip_low=1e-3, clip_high=1e-3))
+        session.wire(CountA(), solver=policy)
+        run = session.train(steps=4, batch_size=8, group_size=4, inspect_every=2)
+        run.wait(progress=False)
+    assert [s.step for s in run.steps] == [0, 2]
+    rows = {r["step"]: r for r in run.rows}
+    for step in run.steps:
+        row = rows[step.step]
+        assert int(step.masks["clipped"].sum()) == round(row["clip_frac"] * row["tokens"])
+        assert step.layer_norms and step.trace.header["algorithm"] == policy.algorithm.name
+    # the service keeps the last recorded step only, by its number
+    service = apps["http://t"].state.service
+    assert service.policies["solver"].last_trace[0] == 2
+    with pytest.raises(Exception, match="no recorded step 1"):
+        service.trace("solver", 1)
+
+
 def test_recorded_steps_round_trip_through_open_run_with_text_and_html(tmp_path, capsys):
     run = short_run(tmp_path, "thread", inspect_every=1)
     record = ab.open_run(run.directory)

@@ -283,10 +283,18 @@ class TrainerClient(_Client):
     async def add_policy(self, body: dict) -> dict:
         return await self.request("POST", "/v1/policies", body)
 
-    async def step(self, policy: str, expect_version: int, batch: Batch) -> dict:
+    async def step(self, policy: str, expect_version: int, batch: Batch, *,
+                   record: bool = False) -> dict:
+        """One step; with `record`, the service keeps what it trained (`trace`)."""
         blob = batch_to_bytes(batch, policy=policy)
-        return await self.request("POST", f"/v1/step/{policy}", raw=blob,
-                                  params={"expect_version": expect_version})
+        params: dict[str, Any] = {"expect_version": expect_version}
+        if record:
+            params["record"] = "true"
+        return await self.request("POST", f"/v1/step/{policy}", raw=blob, params=params)
+
+    async def trace(self, policy: str, step: int) -> bytes:
+        """The StepTrace bytes of recorded step `step`."""
+        return bytes(await self.request("GET", f"/v1/trace/{policy}", params={"step": step}))
 
     async def logprobs(self, policy: str, expect_version: int, batch: Batch) -> torch.Tensor:
         """The trainer's logprob of each of the batch's tokens at version `expect_version`."""

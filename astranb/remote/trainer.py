@@ -31,13 +31,14 @@ from ..contracts import Trainer
 from ..errors import ServiceError, ServiceUnavailable, TrainerRolledBack
 from ..training.caller_loss import gradient_batch, merged_metrics, runs_in_caller, trainer_algorithm
 from ..training.lora import write_adapter
+from ..training.trace import StepRecorder, StepTrace, caller_trace
 from ..types import Batch
 from .client import TrainerClient
 
 __all__ = ["RemoteTrainer", "TrainerRolledBack"]
 
 
-class RemoteTrainer(Trainer):
+class RemoteTrainer(StepRecorder, Trainer):
     """Trainer of one policy on a trainer service.
 
     Args:
@@ -78,20 +79,35 @@ class RemoteTrainer(Trainer):
         self.loss_here = True
         return algorithm_to_dict(trainer_algorithm(self.algorithm))
 
-    async def _step(self, expected: int, batch: Batch) -> dict:
+    async def _step(self, expected: int, batch: Batch, record: bool) -> dict:
         if not self.loss_here:
-            return await self.client.step(self.name, expected, batch)
+            answer = await self.client.step(self.name, expected, batch, record=record)
+            return {**answer, "trace": await self._trace(answer, expected, batch, None)}
         logp_B_T = await self.client.logprobs(self.name, expected, batch)
         sent, caller = await anyio.to_thread.run_sync(gradient_batch, self.algorithm, batch,
                                                       logp_B_T)
-        answer = await self.client.step(self.name, expected, sent)
-        return {**answer, "metrics": merged_metrics(caller, answer["metrics"], self.algorithm)}
+        answer = await self.client.step(self.name, expected, sent, record=record)
+        return {**answer, "metrics": merged_metrics(caller, answer["metrics"], self.algorithm),
+                "trace": await self._trace(answer, expected, batch, logp_B_T)}
+
+    async def _trace(self, answer: dict, expected: int, batch: Batch,
+                     logp_B_T: torch.Tensor | None) -> StepTrace | None:
+        """What a recorded step trained, fetched from the service (None when not recorded:
+        not asked, or a backend that does not record, such as FSDP's)."""
+        if not answer.get("recorded"):
+            return None
+        trace = StepTrace.from_bytes(await self.client.trace(self.name, expected))
+        if logp_B_T is not None:  # the caller's loss: its advantages and marks
+            trace = await anyio.to_thread.run_sync(caller_trace, trace, self.algorithm, batch,
+                                                   logp_B_T)
+        return trace
 
     async def step(self, batch: Batch) -> dict[str, float]:
         expected = self.version
+        record, self._record_next = self._record_next, False
         while True:
             try:
-                answer = await self._step(expected, batch)
+                answer = await self._step(expected, batch, record)
                 break
             except ServiceUnavailable:
                 await self._wait_for_restart()
@@ -105,6 +121,8 @@ class RemoteTrainer(Trainer):
             if self.version != expected:
                 raise TrainerRolledBack(self.name, self.version, expected)
         self.version, self.checksum = int(answer["version"]), answer["checksum"]
+        if answer["trace"] is not None:
+            self._recording = answer["trace"]
         return {**answer["metrics"], "trainer_seconds": answer["trainer_seconds"],
                 "trainer_restarts": float(self.restarts)}
 

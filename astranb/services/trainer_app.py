@@ -13,6 +13,9 @@
     GET  /v1/adapter/{policy}    a LoRA policy's adapters: safetensors with adapter_config.json in
                                  its metadata (astranb.training.lora.write_adapter makes PEFT's
                                  folder of it)
+    GET  /v1/trace/{policy}      what the last step asked to be recorded (`record=true` on
+                                 /v1/step) trained, token by token: a StepTrace's safetensors
+                                 (astranb.training.trace); `?step=N` names the step
 
 A policy may have a frozen reference (`"reference"`, astranb.training.reference) and LoRA
 adapters (`"lora"`, astranb.training.lora), as plain values; a reference model given as a
@@ -105,6 +108,10 @@ class LocalBackend:
     def step(self, name, batch):
         return self.trainers[name].step(batch)
 
+    def step_recorded(self, name, batch):
+        """`step`, and what it trained token by token (the step inspector's StepTrace)."""
+        return self.trainers[name].step_recorded(batch)
+
     def logprobs(self, name, batch):
         return self.trainers[name].logprobs(batch)
 
@@ -179,6 +186,8 @@ class _Policy:
     store: WeightStore
     last_step: dict | None = None
     checkpoint_version: int = -1
+    last_trace: tuple[int, bytes] | None = None
+    """(step, StepTrace bytes) of the last step recorded."""
 
 
 class TrainerService:
@@ -231,7 +240,8 @@ class TrainerService:
         self.policies[body.name] = policy
         return self._status(policy) | {"recovered": recovered is not None}
 
-    async def step(self, name: str, expect_version: int, blob: bytes) -> dict:
+    async def step(self, name: str, expect_version: int, blob: bytes,
+                   record: bool = False) -> dict:
         policy = self._policy(name)
         version = self.backend.version(name)
         if (policy.last_step and version == expect_version + 1
@@ -242,14 +252,30 @@ class TrainerService:
                                      f"{expect_version}; re-read /v1/status and rebuild the batch")
         batch = batch_from_bytes(blob)
         started = time.perf_counter()
-        metrics = await self._call(self.backend.step, name, batch)
+        recorder = getattr(self.backend, "step_recorded", None)  # not under FSDP: a plain step
+        trace = None
+        if record and recorder is not None:
+            metrics, trace = await self._call(recorder, name, batch)
+            policy.last_trace = (expect_version, await anyio.to_thread.run_sync(trace.to_bytes))
+        else:
+            metrics = await self._call(self.backend.step, name, batch)
         step_seconds = time.perf_counter() - started
         publish = await self._publish(policy)
         checkpoint = await self._maybe_checkpoint(policy)
         policy.last_step = {"step": expect_version, "version": self.backend.version(name),
                             "metrics": metrics, "publish": publish, "checkpoint": checkpoint,
-                            "trainer_seconds": step_seconds, "checksum": policy.store.checksum}
+                            "trainer_seconds": step_seconds, "checksum": policy.store.checksum,
+                            "recorded": trace is not None}
         return policy.last_step
+
+    def trace(self, name: str, step: int | None) -> bytes:
+        """The last recorded step's StepTrace bytes (404 when none, or not step `step`)."""
+        found = self._policy(name).last_trace
+        if found is None or (step is not None and found[0] != step):
+            raise HTTPException(404, f"policy {name!r} has no recorded step "
+                                     f"{'' if step is None else step}; ask /v1/step with "
+                                     "record=true first (the last one recorded is kept)")
+        return found[1]
 
     async def logprobs(self, name: str, expect_version: int, blob: bytes) -> bytes:
         self._policy(name)
@@ -397,8 +423,10 @@ def create_app(
     @app.post("/v1/step/{policy}", response_model=None, openapi_extra={"requestBody": {
         "required": True,
         "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}})
-    async def step(policy: str, request: Request, expect_version: int = Query(ge=0)) -> Response:
-        return reply(request, await service.step(policy, expect_version, await request.body()))
+    async def step(policy: str, request: Request, expect_version: int = Query(ge=0),
+                   record: bool = False) -> Response:
+        return reply(request, await service.step(policy, expect_version, await request.body(),
+                                                 record))
 
     @app.post("/v1/logprobs/{policy}", response_class=Response, openapi_extra={"requestBody": {
         "required": True,
@@ -417,6 +445,11 @@ def create_app(
         payload = await anyio.to_thread.run_sync(service.weights, policy, have_version,
                                                  have_checksum)
         return octets(payload)
+
+    @app.get("/v1/trace/{policy}", response_class=Response,
+             responses={200: {"content": {OCTETS: {}}, "description": "StepTrace safetensors"}})
+    async def trace(policy: str, step: int | None = Query(default=None, ge=0)) -> Response:
+        return octets(service.trace(policy, step))
 
     @app.post("/v1/checkpoint/{policy}")
     async def checkpoint(policy: str) -> dict:
