@@ -174,6 +174,28 @@ def test_hostile_replies_never_break_the_game_loop(text):
                                                                   "player1": 0.0}
 
 
+def test_a_game_that_raises_on_a_reply_fails_that_episode_only(monkeypatch):
+    from textarena.envs.TicTacToe.env import TicTacToeEnv
+
+    step = TicTacToeEnv.step
+
+    def fragile(self, action):
+        if "boom" in action:
+            raise KeyError("boom")
+        return step(self, action)
+
+    monkeypatch.setattr(TicTacToeEnv, "step", fragile)
+    env = tictactoe()
+    policy = scripted("p", "[4]", "boom")
+    trajectory = anyio.run(ab.play_episode, env, {"player0": policy, "player1": policy},
+                           {"seed": 0})
+    assert not trajectory.ok and trajectory.rewards == {}
+    assert "TicTacToe-v0 raised on player1's reply 'boom' (KeyError" in trajectory.error
+    assert env.league.table() == {}  # no result counted
+    policy = scripted("p", *TOP_ROW)  # the next game plays as usual
+    assert play(env, player0=policy, player1=policy).rewards["player0"] == 1.0
+
+
 def test_games_use_a_random_state_of_their_own():
     random.seed(7)
     expected = random.Random(7).random()

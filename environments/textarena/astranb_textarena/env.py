@@ -221,7 +221,7 @@ class TextArena(Environment):
             messages = self._turn(game, player, observation, chats[role], rules)
             reply = await ctx.chat(role, messages)  # with self.sampling
             ctx.count("moves")
-            if done := game.step(reply.content):
+            if done := self._step(game, role, reply.content):
                 break
         if not done:
             ctx.count("out_of_turns")
@@ -233,6 +233,16 @@ class TextArena(Environment):
         if done and self.num_players > 1:
             self._score(ctx, by_role)
         return by_role
+
+    def _step(self, game: _Game, role: str, text: str) -> bool:
+        """The game's move with the reply; a game that raises on it (its own bug: the rules
+        answer a bad move with a warning or a loss) fails this episode only, saying where."""
+        try:
+            return game.step(text)
+        except Exception as error:
+            raise RuntimeError(f"{self.game} raised on {role}'s reply {text[:200]!r} "
+                               f"({type(error).__name__}: {error}); the episode fails, the "
+                               "run goes on") from error
 
     def _turn(self, game: _Game, player: int, observation: Any, chat: list[dict[str, Any]],
               rules: dict[str, str]) -> list[dict[str, Any]]:
