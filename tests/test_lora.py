@@ -72,6 +72,41 @@ def test_only_the_adapters_train_and_the_published_weights_are_peft_s_merge():
         assert torch.allclose(plain(ids).logits, trainer.model(input_ids=ids).logits, atol=1e-5)
 
 
+def test_modules_to_save_train_in_full_travel_merged_and_resume_with_the_adapters(tmp_path):
+    with pytest.raises(ValueError, match="modules_to_save must be a tuple"):
+        ab.LoRA(modules_to_save="norm")
+    lora = ab.LoRA(rank=4, alpha=8, modules_to_save=["norm"])
+    assert lora.modules_to_save == ("norm",)
+    assert lora_from_dict(json.loads(json.dumps(lora_to_dict(lora)))) == lora
+    assert "modules_to_save" not in lora_to_dict(LORA)  # plans of runs without it read as before
+    trainer = LocalTrainer(SPEC, ab.GRPO(), OPTIMIZER, lora=lora)
+    base = SPEC.build(dtype=torch.float32, device="cpu").state_dict()
+    for seed in range(3):
+        trainer.step(make_batch(8, seed))
+    after = trainer.weights()
+    assert set(after) == set(base)
+    changed = {n for n in base if not torch.equal(after[n], base[n])}
+    norms = {n for n in base if "norm" in n}
+    assert norms <= changed  # every RMSNorm weight trained, under the base model's name
+    assert all(n in norms or n.endswith("proj.weight") for n in changed)
+    assert "model.embed_tokens.weight" not in changed
+    # PEFT's own merge of a copy with the same adapters and modules gives the same weights
+    copy = peft.get_peft_model(SPEC.build(dtype=torch.float32, device="cpu"), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules="all-linear", modules_to_save=["norm"]))
+    peft.set_peft_model_state_dict(copy, trainer.adapter_weights())
+    merged = copy.merge_and_unload().state_dict()
+    for name, tensor in after.items():
+        assert torch.allclose(merged[name], tensor, atol=1e-7, rtol=0), name
+    # a checkpoint holds them with the adapters: the resumed trainer goes on the same way
+    again = LocalTrainer(SPEC, ab.GRPO(), OPTIMIZER, lora=lora)
+    again.load(trainer.save(tmp_path / "ckpt"))
+    batch = make_batch(8, 7)
+    trainer.step(batch)
+    again.step(batch)
+    a, b = trainer.weights(), again.weights()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 def test_full_weights_trainer_has_no_adapter_to_save(tmp_path):
     trainer = LocalTrainer(SPEC, ab.GRPO(), OPTIMIZER)
     with pytest.raises(ValueError, match="no adapter"):

@@ -166,6 +166,8 @@ class LoRAIn(BaseModel):
     target_modules: str | list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default="all-linear", min_length=1, max_length=200)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    modules_to_save: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default=[], max_length=200)
 
 
 class TrainerPolicyIn(BaseModel):

@@ -8,7 +8,9 @@ adapter maths is PEFT's own; this module only maps between PEFT's names and the 
     trainer (fp32)                               engines and the weight store
     q_proj.base_layer.weight  W0  (frozen)       q_proj.weight = W0 + layer.get_delta_weight()
     q_proj.lora_A.default     A   (trained)        (PEFT's delta: B @ A * alpha / rank)
-    q_proj.lora_B.default     B   (trained)      every other weight as in the base model
+    q_proj.lora_B.default     B   (trained)      every other weight as in the base model,
+    norm.modules_to_save.default.weight          but norm.weight: the trained copy of a module
+                              (trained)            in `modules_to_save`
 
 `merged_weights` is what gets published: the base model's names and shapes, so every engine (hf,
 SGLang, a rollout service) takes a LoRA policy's versions unchanged, as full snapshots or bf16
@@ -56,6 +58,12 @@ class LoRA:
     dropout: float = 0.0
     """Dropout on the adapters' input while training (0 keeps the trainer's logprobs equal to
     what the engine sampled with)."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapters (PEFT's `modules_to_save`; a name matches
+    every module whose path ends with it): ("norm",) trains every RMSNorm's weight, a few
+    hundred numbers that set the scale of the hidden states, which a model trained from random
+    weights needs to make any answer likely (bench/lora.py). They travel and are checkpointed
+    with the adapters."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -74,6 +82,11 @@ class LoRA:
                                              and all(isinstance(t, str) for t in targets))):
             raise ValueError(f"LoRA target_modules must be 'all-linear' or module names like "
                              f"('q_proj', 'v_proj'), got {targets!r}")
+        saved = self.modules_to_save
+        if isinstance(saved, str) or not all(isinstance(m, str) and m for m in saved):
+            raise ValueError(f"LoRA modules_to_save must be a tuple of module names such as "
+                             f"('norm',), got {saved!r}")
+        object.__setattr__(self, "modules_to_save", tuple(saved))
 
 
 def lora_to_dict(lora: LoRA) -> dict[str, Any]:
@@ -81,6 +94,9 @@ def lora_to_dict(lora: LoRA) -> dict[str, Any]:
     data = dataclasses.asdict(lora)
     if isinstance(lora.target_modules, tuple):
         data["target_modules"] = list(lora.target_modules)
+    data["modules_to_save"] = list(lora.modules_to_save)
+    if not lora.modules_to_save:  # as before: plans and checkpoints of older runs read alike
+        del data["modules_to_save"]
     return data
 
 
@@ -89,7 +105,7 @@ def lora_from_dict(data: dict[str, Any]) -> LoRA:
     targets = data.get("target_modules", "all-linear")
     return LoRA(int(data["rank"]), float(data["alpha"]),
                 targets if isinstance(targets, str) else tuple(targets),
-                float(data.get("dropout", 0.0)))
+                float(data.get("dropout", 0.0)), tuple(data.get("modules_to_save") or ()))
 
 
 def _peft() -> Any:
@@ -115,7 +131,7 @@ def wrap(model: torch.nn.Module, lora: LoRA, seed: int = 0) -> Any:
     targets = lora.target_modules
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=targets if isinstance(targets, str) else list(targets),
-                             bias="none")
+                             modules_to_save=list(lora.modules_to_save) or None, bias="none")
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             # PEFT 0.21 asks transformers 5 for a deprecated alias
@@ -146,7 +162,11 @@ def merged_weights(model: Any) -> dict[str, torch.Tensor]:
     layers = _adapted(model)
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in model.get_base_model().state_dict().items():
-        if ".lora_" in name:
+        if ".lora_" in name or ".original_module." in name:
+            continue  # a module trained in full: its trained copy below gives the weight
+        if ".modules_to_save.default." in name:
+            merged[name.replace(".modules_to_save.default.", ".")] = tensor.detach().to(
+                "cpu", copy=True)
             continue
         module, _, leaf = name.rpartition(".")
         if module.endswith(".base_layer") and module.removesuffix(".base_layer") in layers:
