@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/lora.py              # 3 seeds: ~25 min on 2 cores
     .venv/bin/python bench/lora.py --quick      # 1 seed, 60 steps: a smoke run
+    .venv/bin/python bench/lora.py --steps 900 --cap 600 --lora-lrs 3e-3 --norms 3e-3 --no-bytes
 
 LoRA adapts a pretrained model; the quickstart's model starts from random weights, whose frozen
 tied head and final norm bound every logit to about +-1.3 (hidden 64, init std 0.02), so
@@ -46,6 +47,9 @@ import astranb as ab
 from astranb.weights import codec
 
 LORA = ab.LoRA(rank=8, alpha=16)
+LORA_NORMS = ab.LoRA(rank=8, alpha=16, modules_to_save=("norm",))
+"""The adapters, and every RMSNorm's weight trained in full beside them (PEFT's modules_to_save):
+the norms set the hidden states' scale, which the frozen tied head turns into logits."""
 
 
 def _mean(values: list[float]) -> float:
@@ -145,7 +149,8 @@ def report(args, learn: dict[str, list[dict]], moved: dict[str, list[dict]],
              f"task and model; a base per seed from {args.base_steps} full fine-tuning steps "
              f"(held-out {', '.join(_num(b) for b in bases)}), then {args.steps} steps from it: "
              f"full fine-tuning at lr {args.full_lr}, LoRA rank {LORA.rank}, alpha "
-             f"{LORA.alpha:g}, all linear layers but the head.", "",
+             f"{LORA.alpha:g}, all linear layers but the head (\"lora + norms\": and every "
+             f"RMSNorm's weight in full, modules_to_save=('norm',)).", "",
              "| config | seed | steps | reward, last 10% | held-out | steps/s | trainer s/step |",
              "|---|---|---|---|---|---|---|"]
     for name, runs in learn.items():
@@ -177,6 +182,9 @@ def main() -> None:
     parser.add_argument("--full-lr", type=float, default=1e-3)
     parser.add_argument("--lora-lrs", type=lambda s: [float(x) for x in s.split(",")],
                         default=[1e-3, 5e-3])
+    parser.add_argument("--norms", type=lambda s: [float(x) for x in s.split(",")], default=[],
+                        help="lrs of LoRA with the RMSNorms trained too (modules_to_save)")
+    parser.add_argument("--no-bytes", action="store_true", help="part A only")
     parser.add_argument("--quick", action="store_true", help="1 seed, short runs")
     args = parser.parse_args()
     if args.quick:
@@ -184,6 +192,7 @@ def main() -> None:
     configs: dict[str, tuple[ab.LoRA | None, float]] = {f"full, lr {args.full_lr:g}":
                                                          (None, args.full_lr)}
     configs.update({f"lora, lr {lr:g}": (LORA, lr) for lr in args.lora_lrs})
+    configs.update({f"lora + norms, lr {lr:g}": (LORA_NORMS, lr) for lr in args.norms})
     learn: dict[str, list[dict]] = {name: [] for name in configs}
     moved: dict[str, list[dict]] = {name: [] for name in configs}
     bases: list[float] = []
@@ -194,7 +203,7 @@ def main() -> None:
             bases.append(score)
             print(f"base seed {seed}: held-out {score:.3f}", flush=True)
             for i, (name, (lora, lr)) in enumerate(configs.items()):
-                if lora is not None or i == 0:
+                if (lora is not None or i == 0) and not args.no_bytes:
                     out = transfer(base, lora, lr, args.bytes_steps, Path(tmp) / f"b{i}-{seed}",
                                    seed)
                     moved[name].append(out)
