@@ -111,7 +111,8 @@ def run_one(task: Task, algorithm: str, staleness: int, seed: int, model_dir: Pa
                                 optimizer=ab.AdamWConfig(lr=lr), max_batch_size=max_batch_size,
                                 seed=seed)
         session.wire(arithmetic_env(task), solver=policy)
-        hold = PrefillHold(policy.trainer) if prefill and staleness else None
+        hold = (PrefillHold(policy.trainer, min_episodes=(staleness + 1) * BATCH)
+                if prefill and staleness else None)
         started = last_print = time.monotonic()
         run = session.train(steps=steps_cap, batch_size=BATCH, group_size=GROUP_SIZE,
                             max_staleness=staleness, seed=seed)
@@ -147,17 +148,21 @@ class PrefillHold:
     On a CPU the trainer is the slow side by only some 20%, so rollouts build their lead over
     the trainer slowly: at bound 256 a run trains ~1,300 steps before a group is 256 versions old.
     Held, the first step waits while the engine plays with the initial weights until the gate
-    admits no more groups (no episode finished for `quiet` seconds), as in the M2PO paper's
-    setting, where the first `bound` steps train on the initial model's rollouts. After the hold
+    admits no more groups (at least `min_episodes` finished, the gate's capacity, and then none
+    for `quiet` seconds; a pause of the engine under load alone does not release it), as in the
+    M2PO paper's setting, where the first `bound` steps train on the initial model's rollouts.
+    After the hold
     the step at version k trains groups k versions old until k reaches the bound.
 
     Replaces the trainer's `step` on that one object; nothing else changes.
     """
 
-    def __init__(self, trainer, quiet: float = 1.5, timeout: float = 120.0) -> None:
+    def __init__(self, trainer, min_episodes: int = 0, quiet: float = 1.5,
+                 timeout: float = 120.0) -> None:
         import threading
 
         self._step, self._quiet, self._timeout = trainer.step, quiet, timeout
+        self._min_episodes = max(min_episodes, 1)
         self._released = threading.Event()
         self._last_episode = time.monotonic()
         self.episodes, self.seconds = 0, 0.0
@@ -177,7 +182,8 @@ class PrefillHold:
             started = time.monotonic()
             while not self._released.wait(0.25):
                 now = time.monotonic()
-                quiet = self.episodes and now - self._last_episode >= self._quiet
+                quiet = (self.episodes >= self._min_episodes
+                         and now - self._last_episode >= self._quiet)
                 if quiet or now - started >= self._timeout:
                     break
             self._released.set()
