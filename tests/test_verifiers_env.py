@@ -287,6 +287,13 @@ def test_an_empty_taskset_and_a_foreign_sample_are_errors(arithmetic):
     assert not trajectory.ok and "another taskset" in trajectory.error
 
 
+def test_a_taskset_id_loads_its_env_as_vf_load_environment_does():
+    env = ab.environments.load("verifiers", env=ARITHMETIC, limit=2)
+    assert type(env.env) is vf.SingleAgentEnv and len(env.tasks) == 2
+    assert env.name == f"verifiers:{ARITHMETIC}"
+    assert env.registry_kwargs == {"env": ARITHMETIC, "limit": 2}   # a service rebuilds it
+
+
 def test_samples_are_every_task_once_per_epoch(arithmetic):
     samples = list(itertools.islice(arithmetic.samples(0), 6))
     assert sorted(s["index"] for s in samples[:3]) == [0, 1, 2]
