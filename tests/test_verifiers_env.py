@@ -255,6 +255,19 @@ def test_every_seat_plays_verifiers_chat_loop_with_this_python(arithmetic):
     assert isinstance(load_harness(seat.harness), LocalChat)   # verifiers finds it by its id
 
 
+def test_the_package_exports_and_the_main_signature():
+    import inspect
+
+    import astranb_verifiers
+
+    assert astranb_verifiers.__all__ == ["HARNESS_ID", "LocalChat", "Verifiers",
+                                         "local_chat_config"]
+    assert str(inspect.signature(Verifiers)) == (
+        "(env: 'Any', *, limit: 'int' = 10000, seed: 'int' = 0, "
+        "sampling: 'SamplingParams | Mapping[str, Any] | None' = None, "
+        "max_episode_tokens: 'int | None' = None)")
+
+
 def test_an_unknown_taskset_or_a_wrong_env_says_what_to_pass():
     with pytest.raises(ValueError, match="cannot load a taskset 'no-such-taskset'.*install"):
         ab.environments.load("verifiers", env="no-such-taskset")

@@ -70,9 +70,11 @@ class Verifiers(Environment):
 
     Example:
         import verifiers.v1 as vf
-        config = vf.resolve_env_config({"taskset": {"id": "reverse-text"}})
+        config = vf.resolve_env_config({"taskset": {"id": "reverse_tasks"}})  # README's module
         env = ab.environments.load("verifiers", env=vf.load_environment(config))
         session.wire(env, agent=policy)
+        run = session.train(steps=2)
+        run.episodes[0].tool_calls[-1]["result"]["traces"][0]["rewards"]   # every reward
     """
 
     roles = ("agent",)
