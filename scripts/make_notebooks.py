@@ -3,6 +3,7 @@ notebook, each defining NAME and CELLS; the library is the source of truth, thes
 out the notebooks). Run: .venv/bin/python scripts/make_notebooks.py"""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import nbformat
@@ -19,6 +20,7 @@ def _load(path: Path):
 
 
 def main() -> None:
+    sys.path.insert(0, str(HERE / "scripts" / "notebooks"))  # their shared _cells.py
     for path in sorted((HERE / "scripts" / "notebooks").glob("n[0-9][0-9]_*.py")):
         module = _load(path)
         nb = new_notebook(cells=module.CELLS)

@@ -1,20 +1,12 @@
 """Cells of notebooks/10_ecosystem.ipynb."""
 
-from nbformat.v4 import new_code_cell, new_markdown_cell
+from _cells import Cells
 
 NAME = "10_ecosystem"
 
-CELLS: list = []
-
-
-def md(source: str) -> None:
-    """A markdown cell; lines within a paragraph are joined (kept short here)."""
-    paragraphs = [" ".join(part.split("\n")) for part in source.split("\n\n")]
-    CELLS.append(new_markdown_cell("\n\n".join(paragraphs)))
-
-
-def code(source: str, **kwargs) -> None:
-    CELLS.append(new_code_cell(source, **kwargs))
+cells = Cells()
+CELLS = cells.list
+md, code = cells.md, cells.code
 
 
 md("""# Other libraries' environments, and an agent written against the openai client
