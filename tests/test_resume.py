@@ -370,7 +370,13 @@ def test_a_full_or_read_only_disk_stops_the_run_with_a_clear_error(tmp_path, fau
             folder = run_dir / "checkpoints"
             subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
             mounts.append(folder)
-            subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+            # a checkpoint being written at that moment keeps even this mount busy for a while:
+            # try again until it is closed
+            deadline = time.monotonic() + 30
+            while (done := subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)],
+                                          capture_output=True, text=True)).returncode:
+                assert "busy" in done.stderr and time.monotonic() < deadline, done.stderr
+                time.sleep(0.05)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode != 0
         reason = "No space left on device" if fault == "full" else "Read-only file system"
