@@ -206,7 +206,7 @@ def test_refusals_say_what_was_wrong_and_leave_the_loan_out():
 
 # -- a session trained by a loop of one's own ----------------------------------------------------
 
-def _loop_in_a_thread(path: Path, steps: int, sent: list[float]) -> threading.Thread:
+def _loop_in_a_thread(path: Path, sent: list[float]) -> threading.Thread:
     """tests/external_loop.py's loss, in a thread of this process, through a TrainerLink."""
 
     def train():
@@ -239,7 +239,7 @@ def test_a_session_trains_with_a_loop_of_its_own_and_the_engine_holds_its_bits(t
         assert found["url"].startswith("http://127.0.0.1:") and found["policy"] == "solver"
         assert policy.describe()["trainer"] == "ExternalTrainer"
         session.wire(ab.environments.load("arithmetic"), solver=policy)
-        thread = _loop_in_a_thread(path, 6, sent)
+        thread = _loop_in_a_thread(path, sent)
         run = session.train(steps=6, batch_size=16, group_size=4, max_staleness=1)
         run.wait(progress=False)
         df = run.metrics

@@ -55,7 +55,7 @@ import re
 import secrets
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +148,13 @@ class _Arrived:
     version: int
     payload: bytes
     header: Header
-    decode_seconds: float
 
 
 @dataclass
 class _Registered:
     name: str
-    since: float
-    seen: float = field(default=0.0)
+    seen: float
+    """When it last registered or asked for a batch (time.monotonic())."""
 
 
 class ExternalTrainer:
@@ -291,6 +290,19 @@ class ExternalTrainer:
                    f"version {now}'s weights (GET /v1/weights)" if loan is not None and
                    not loan.done.done() else "no batch is out; ask for the next one "
                    "(GET /v1/batch)"), 409, version=now)
+        # hashing and decoding a whole model's payload: off the session's loop
+        header, new = await anyio.to_thread.run_sync(self._checked, version, payload)
+        if self._loan is not loan or loan.done.done():  # another publish won meanwhile
+            raise Refused(f"version {version} came in from another trainer meanwhile", 409,
+                          version=self.version)
+        self._weights, self.checksum, self.version = new, header.checksum, version
+        self._arrived = _Arrived(version, payload, header)
+        loan.done.set_result(metrics)
+        return {"version": version, "checksum": header.checksum, "kind": header.kind}
+
+    def _checked(self, version: int, payload: bytes) -> tuple[Header, dict[str, torch.Tensor]]:
+        """The payload's header and the weights it makes from the current ones, checked
+        (`receive`'s Refused when they are not version `version` of this policy's model)."""
         try:
             header = peek(payload)
         except WeightTransferError as error:
@@ -298,9 +310,8 @@ class ExternalTrainer:
         if header.policy != self.name or header.version != version:
             raise Refused(f"the payload is policy {header.policy!r} version {header.version}; "
                           f"this is policy {self.name!r}, publishing version {version}", 422)
-        start = time.perf_counter()
         try:
-            new = await anyio.to_thread.run_sync(decode, self._weights, payload)
+            new = decode(self._weights, payload)
         except BaseMismatch as error:
             raise Refused(f"the delta does not apply to version {version - 1}'s weights "
                           f"({error}); send a full snapshot", 409, send="full") from None
@@ -310,13 +321,7 @@ class ExternalTrainer:
         wrong = layout_mismatch(self._weights, new)
         if wrong:
             raise Refused(f"the weights are not this policy's model: {wrong}", 422)
-        if self._loan is not loan or loan.done.done():  # another publish won meanwhile
-            raise Refused(f"version {version} came in from another trainer meanwhile", 409,
-                          version=self.version)
-        self._weights, self.checksum, self.version = new, header.checksum, version
-        self._arrived = _Arrived(version, payload, header, time.perf_counter() - start)
-        loan.done.set_result(metrics)
-        return {"version": version, "checksum": header.checksum, "kind": header.kind}
+        return header, new
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
