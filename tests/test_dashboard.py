@@ -13,6 +13,7 @@ import pytest
 import astranb as ab
 from astranb.notebook.dashboard import (
     HELDOUT_PANEL,
+    LEAGUE_PANELS,
     PANELS,
     StaticDashboard,
     TextDashboard,
@@ -36,7 +37,8 @@ def row(policy, step, **extra):
 
 
 def traces(spec, panel):
-    suffix = [key for key, _, _ in (*PANELS, HELDOUT_PANEL)].index(panel) + 1
+    suffix = spec["layout"]["meta"]["panels"].index(panel) + 1 if "layout" in spec else (
+        [key for key, _, _ in (*PANELS, HELDOUT_PANEL)].index(panel) + 1)
     axis = "x" if suffix == 1 else f"x{suffix}"
     return {t["name"]: t for t in spec["data"] if t["xaxis"] == axis}
 
@@ -102,6 +104,48 @@ def test_heldout_panel_draws_each_windows_scores_against_its_version():
     assert to_png(spec)[:8] == b"\x89PNG\r\n\x1a\n"
     line = status_line("running", [row("a", 0)], ["a"], 2, evaluation={**windows[0], "version": 3})
     assert line.endswith("held-out v3: solver/avg@4 0.25, solver/pass@4 0.50")
+
+
+def test_league_panels_draw_each_policy_s_win_rate_and_elo_from_its_own_rows():
+    # alice's rows: 2 wins 1 loss, then 1 draw, then nothing new; bob's: 1 win 2 losses.
+    # A row also counts the other policy's results of the same games (the counts' names are
+    # shared): the panels read only each policy's own names from its own rows.
+    rows = [row("alice", 0, **{"count/win/alice": 2, "count/loss/alice": 1,
+                               "count/elo_milli/alice": 16000, "count/win/bob": 1}),
+            row("bob", 0, **{"count/win/bob": 1, "count/loss/bob": 2,
+                             "count/elo_milli/bob": -16000, "count/win/alice": 2}),
+            row("alice", 1, **{"count/draw/alice": 1, "count/elo_milli/alice": -1500}),
+            row("alice", 2, **{"count/win/alice": 0, "count/elo_milli/alice": 0})]
+    spec = figure(rows, ["alice", "bob"], 1)
+    assert spec["layout"]["meta"]["panels"][-2:] == ["win_rate", "elo"]
+    assert spec["layout"]["xaxis10"]["title"]["text"] == "step"
+    won = traces(spec, "win_rate")
+    assert won["alice win rate"]["x"] == [0, 1, 2]
+    assert won["alice win rate"]["y"] == pytest.approx([2 / 3, 2 / 4, 2 / 4])
+    assert won["alice draw rate"]["y"] == pytest.approx([0, 1 / 4, 1 / 4])
+    assert won["alice draw rate"]["line"]["dash"] == "dot"
+    assert won["bob win rate"]["y"] == pytest.approx([1 / 3])
+    elo = traces(spec, "elo")
+    assert elo["alice Elo"]["y"] == pytest.approx([1016.0, 1014.5, 1014.5])
+    assert elo["bob Elo"]["x"] == [0] and elo["bob Elo"]["y"] == pytest.approx([984.0])
+    # the held-out panel keeps its place before them
+    both = figure(rows, ["alice"], 1, evaluations=[], eval_roles=["r"], eval_k=1)
+    assert both["layout"]["meta"]["panels"][-3:] == ["heldout", *(k for k, _, _ in LEAGUE_PANELS)]
+    assert to_png(spec)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_league_panels_wait_for_a_policy_s_own_game_counts():
+    assert "win_rate" not in figure([row("a", 0)], ["a"], 1)["layout"]["meta"]["panels"]
+    # b's row names a's results (a policy of the same run that has played none yet): no panel
+    other = [row("a", 0), row("b", 0, **{"count/win/a": 0})]
+    assert "win_rate" not in figure(other, ["a", "b"], 1)["layout"]["meta"]["panels"]
+    # a's first game counted, a zero: the panels are there, b's lines empty, a's win rate a gap
+    # before its first game
+    first = [row("a", 0, **{"count/loss/a": 0}), row("a", 1, **{"count/loss/a": 1})]
+    spec = figure(first, ["a", "b"], 1)
+    won = traces(spec, "win_rate")
+    assert won["a win rate"]["y"] == [None, 0.0] and won["b win rate"]["x"] == []
+    assert traces(spec, "elo")["a Elo"]["y"] == [1000.0, 1000.0]
 
 
 def test_long_runs_are_thinned_to_a_bounded_size_keeping_the_last_step():
@@ -284,6 +328,42 @@ def test_static_and_text_dashboards(tmp_path, capsys):
     assert reward["y"] == [None if math.isnan(v) else v for v in run.metrics["reward"]]
     with pytest.raises(ValueError, match="mode='fancy'"):
         run.dashboard(mode="fancy")
+
+
+class Match(CountA):
+    """CountA scored as a game: a win when most of the completion is 'a', else a loss, and
+    +-16 Elo points; counted the way TextArena's games count them."""
+
+    async def episode(self, ctx, sample):
+        reward = await super().episode(ctx, sample)
+        policy = ctx.wiring["solver"].name
+        won = reward >= 0.5
+        ctx.count(f"{'win' if won else 'loss'}/{policy}")
+        ctx.count(f"elo_milli/{policy}", 16000 if won else -16000)
+        return reward
+
+
+def test_live_dashboard_adds_the_league_panels_with_the_first_game(tmp_path):
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=ab.models.tiny(hidden_size=32, num_heads=2))
+    session.wire(Match(), solver=policy)
+    with session:
+        run = session.train(steps=3, batch_size=8, group_size=4, max_staleness=1)
+        dash = run.dashboard(mode="widgets", interval=0.05)
+        run.wait(progress=False)
+    shown = dash.fig.to_plotly_json()
+    assert list(shown["layout"]["meta"]["panels"][-2:]) == ["win_rate", "elo"]
+    # rows before the first counted game have no such column
+    wins = sum(r.get("count/win/solver", 0) for r in run.rows)
+    games = wins + sum(r.get("count/loss/solver", 0) for r in run.rows)
+    assert 0 < games <= run.rows[-1]["episodes"]
+    won = traces(shown, "win_rate")["solver win rate"]
+    assert list(won["x"]) == [0, 1, 2] and won["y"][-1] == pytest.approx(wins / games)
+    elo = traces(shown, "elo")["solver Elo"]
+    assert elo["y"][-1] == pytest.approx(1000 + 16 * (wins - (games - wins)))
+    saved = traces({"data": dash.fig._widget_data, "layout": dash.fig._widget_layout}, "elo")
+    assert list(saved["solver Elo"]["y"]) == list(elo["y"])  # what a notebook saves
+    assert dash.fig.layout.title.text == ""
 
 
 class HeldOutCountA(CountA):

@@ -11,7 +11,9 @@
 
 Every form shows the same panels, plain plotly-JSON dicts built from the run's metrics rows in
 `astranb.notebook.panels` (with `View`, the base of every form, and the redraw `Throttle`), so the
-live widget, the static figure and the tests read the same numbers. This module imports neither
+live widget, the static figure and the tests read the same numbers. A run that evaluates adds the
+held-out panel; one whose games count wins and losses per policy (TextArena's) adds win rate
+and Elo panels from its first such row. This module imports neither
 plotly nor ipywidgets; it imports the live form only when asked for it (`open_dashboard`).
 """
 
@@ -23,15 +25,24 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .display import cell_number, publish
-from .panels import HELDOUT_PANEL, PANELS, Throttle, View, figure, status_line, to_png
+from .panels import (
+    HELDOUT_PANEL,
+    LEAGUE_PANELS,
+    PANELS,
+    Throttle,
+    View,
+    figure,
+    status_line,
+    to_png,
+)
 
 if TYPE_CHECKING:
     from ..session.run import Run
 
 # the panels and the View live in panels.py (the live widget builds on them too); named here as
 # well, since this is the dashboard's module
-__all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View",
-           "StaticDashboard", "TextDashboard", "open_dashboard"]
+__all__ = ["PANELS", "HELDOUT_PANEL", "LEAGUE_PANELS", "figure", "status_line", "to_png",
+           "Throttle", "View", "StaticDashboard", "TextDashboard", "open_dashboard"]
 
 
 class StaticDashboard(View):

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..session.run import Run
 
-__all__ = ["PANELS", "HELDOUT_PANEL", "figure", "status_line", "to_png", "Throttle", "View"]
+__all__ = ["PANELS", "HELDOUT_PANEL", "LEAGUE_PANELS", "OUTCOMES", "figure", "status_line",
+           "to_png", "Throttle", "View"]
 
 PANELS: tuple[tuple[str, str, str], ...] = (
     ("reward", "reward (own role), tied groups dotted, x: taught nothing", "step"),
@@ -40,6 +41,20 @@ PANELS: tuple[tuple[str, str, str], ...] = (
 HELDOUT_PANEL = ("heldout", "held-out avg@k / pass@k per version", "version")
 """The panel after the others when the run evaluates (`train(eval_every=...)`)."""
 
+LEAGUE_PANELS: tuple[tuple[str, str, str], ...] = (
+    ("win_rate", "win rate per policy (games so far), draws dotted", "step"),
+    ("elo", "Elo per policy", "step"),
+)
+"""The panels after those when the rows count games won and lost (`count/win/<policy>`, ...)."""
+
+OUTCOMES = ("win", "draw", "loss")
+"""Game results an environment counts per policy: an episode that a policy played counts
+`count/<result>/<policy>` once per role of it, and `count/elo_milli/<policy>` its Elo change in
+thousandths of a point (TextArena's games do). The rows name them; nothing here imports the
+environment that writes them."""
+ELO_START = 1000.0
+"""The Elo rating a policy starts from."""
+
 COLUMNS = 4
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _RATE_WINDOW = 4
@@ -55,7 +70,8 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
     """Every panel as one plotly figure dict (`{"data": [...], "layout": {...}}`).
 
     The traces are the same, in the same order, for any number of rows (empty lists before the
-    first step), so a live view can update them in place.
+    first step), so a live view can update them in place; only the league panels come later,
+    with the first row that counts a game's result (a live view rebuilds then).
 
     Args:
         rows: the run's metrics rows (one per policy and step).
@@ -71,9 +87,18 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
         resumed: steps at which the run was resumed after an interruption (`Session.resume`):
             a dotted vertical line each on the reward panel (the steps before it were trained
             by the process that died).
+
+    Rows that count game results (`OUTCOMES`: `count/win/<policy>`, `count/draw/<policy>`,
+    `count/loss/<policy>` and `count/elo_milli/<policy>`, as TextArena's games write them) add
+    the league panels (`LEAGUE_PANELS`): each policy's win rate over the games it played up to
+    each of its steps (draws dotted) and its Elo rating then (`ELO_START` plus its Elo changes),
+    from its own rows only (another policy's rows count the same games again).
     """
     traces: list[dict[str, Any]] = []
+    league = _plays_games(rows, policies)
     panels = PANELS if evaluations is None else (*PANELS, HELDOUT_PANEL)
+    if league:
+        panels = (*panels, *LEAGUE_PANELS)
 
     def add(panel: str, name: str, x, y, policy: str | None = None, dash: str = "solid",
             kind: str = "scatter", legend: bool = False, color: str | None = None) -> None:
@@ -160,6 +185,13 @@ def figure(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], max_stale
                 key = f"{role}/{what}@{eval_k}"
                 add("heldout", f"{role} {what}@{eval_k}", versions, _col(evaluations, key),
                     dash=dash, color=color, legend=what == "avg")
+
+    if league:
+        for p in policies:
+            steps, won, drawn, elo = _league_series(mine[p], p)
+            add("win_rate", f"{p} win rate", steps, won, p)
+            add("win_rate", f"{p} draw rate", steps, drawn, p, dash="dot")
+            add("elo", f"{p} Elo", steps, elo, p)
     return {"data": traces, "layout": _layout(title, panels)}
 
 
@@ -200,7 +232,8 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
     """Draw a `figure()` dict with matplotlib (no pyplot state); returns PNG bytes."""
     from matplotlib.figure import Figure
 
-    known = {key: (key, name, xlabel) for key, name, xlabel in (*PANELS, HELDOUT_PANEL)}
+    known = {key: (key, name, xlabel)
+             for key, name, xlabel in (*PANELS, HELDOUT_PANEL, *LEAGUE_PANELS)}
     keys = spec.get("layout", {}).get("meta", {}).get("panels") or [k for k, _, _ in PANELS]
     panels = [known[key] for key in keys]
     rows = math.ceil(len(panels) / COLUMNS)
@@ -239,7 +272,7 @@ def to_png(spec: Mapping[str, Any], dpi: int = 72) -> bytes:
             x = [v + (i - (len(group) - 1) / 2) * width for v in trace["x"]]
             axes[index].bar(x, trace["y"], width=width, color=trace["marker"]["color"],
                             label=trace["name"])
-    legends = [axes[0]] + ([axes[len(PANELS)]] if len(panels) > len(PANELS) else [])
+    legends = [axes[0]] + ([axes[len(PANELS)]] if keys[len(PANELS):][:1] == ["heldout"] else [])
     for ax in legends:  # the policies, and the held-out roles
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -292,6 +325,32 @@ def _thin(x: list, y: list, max_points: int) -> tuple[list, list]:
     stride = math.ceil(len(x) / max_points)
     keep = list(range(0, len(x) - 1, stride)) + [len(x) - 1]
     return [x[i] for i in keep], [y[i] for i in keep]
+
+
+def _plays_games(rows: Sequence[Mapping[str, Any]], policies: Sequence[str]) -> bool:
+    """Whether some policy's own rows count game results (`OUTCOMES`)."""
+    keys = {f"count/{outcome}/{p}": p for p in policies for outcome in OUTCOMES}
+    return any(keys.get(key) == row.get("policy") for row in rows for key in row)
+
+
+def _league_series(rows: Sequence[Mapping[str, Any]], policy: str
+                   ) -> tuple[list[Any], list[float | None], list[float | None], list[float]]:
+    """`policy`'s steps, and at each its win rate and draw rate over the role-games counted in
+    its rows so far (None before its first game) and its Elo rating."""
+    steps: list[Any] = []
+    won: list[float | None] = []
+    drawn: list[float | None] = []
+    elo: list[float] = []
+    totals = dict.fromkeys((*OUTCOMES, "elo_milli"), 0)
+    for row in rows:
+        for name in totals:
+            totals[name] += int(row.get(f"count/{name}/{policy}", 0) or 0)
+        games = sum(totals[outcome] for outcome in OUTCOMES)
+        steps.append(row["step"])
+        won.append(totals["win"] / games if games else None)
+        drawn.append(totals["draw"] / games if games else None)
+        elo.append(ELO_START + totals["elo_milli"] / 1000.0)
+    return steps, won, drawn, elo
 
 
 def _col(rows: Sequence[Mapping[str, Any]], key: str) -> list:

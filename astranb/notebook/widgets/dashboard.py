@@ -51,9 +51,7 @@ class LiveDashboard(View):
         self.stop_button.on_click(lambda _: self.stop())
         self.step_view = widgets.HTML("")
         """The recorded step opened by the last click on the reward panel."""
-        for trace in self.fig.data:
-            if trace.xaxis == "x" and trace.legendgroup in run.policies:  # the reward panel
-                trace.on_click(self._clicked)
+        self._listen()
         self.widget = widgets.VBox(
             [widgets.HBox([self.stop_button, self.status_html]), self.fig, self.step_view],
             layout=widgets.Layout(width="100%"),
@@ -117,8 +115,20 @@ class LiveDashboard(View):
         if kind in ("metrics", "evaluation", "stalled"):  # a step, a held-out window, a stall
             self._throttle.poke()
 
+    def _listen(self) -> None:
+        for trace in self.fig.data:
+            if trace.xaxis == "x" and trace.legendgroup in self.run.policies:  # reward panel
+                trace.on_click(self._clicked)
+
     def _redraw(self) -> None:
         spec = self.figure()
+        panels = spec["layout"]["meta"]["panels"]
+        if list(self.fig.layout.meta["panels"]) != panels:  # the league panels came: rebuild
+            with self.fig.batch_update():
+                self.fig.data = ()
+                self.fig.add_traces(spec["data"])
+                self.fig.layout = {**spec["layout"], "title": {"text": ""}}
+            self._listen()
         with self.fig.batch_update():
             for trace, new in zip(self.fig.data, spec["data"], strict=True):
                 trace.x, trace.y = new["x"], new["y"]
