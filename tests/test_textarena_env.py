@@ -11,7 +11,15 @@ import re
 import anyio
 import pytest
 import textarena
-from astranb_textarena import League, TextArena, elo_update, expected_score, outcomes, standings
+from astranb_textarena import (
+    League,
+    RandomMove,
+    TextArena,
+    elo_update,
+    expected_score,
+    outcomes,
+    standings,
+)
 
 import astranb as ab
 from astranb.weights.publish import StatePublisher
@@ -279,6 +287,80 @@ def test_bad_settings_say_what_to_do():
     with pytest.raises(ValueError, match="has splits"):
         next(tictactoe().split_samples("validation"))
     assert textarena.__version__ == "0.7.4"
+
+
+# -- a fixed random player ------------------------------------------------------------------------
+class FirstFree(ScriptedEngine):
+    """Plays the lowest cell the board lists as free (always a legal move)."""
+
+    async def generate(self, request):
+        prompt = TOKENIZER.decode(list(request.prompt_ids), skip_special_tokens=False)
+        self.texts = [re.findall(r"Available Moves: '(\[\d\])'", prompt)[-1]]
+        return await super().generate(request)
+
+
+def first_free(name):
+    engine = FirstFree([])
+    return ab.Policy(name, ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
+                     StatePublisher(name, engine, None), TOKENIZER)
+
+
+def test_random_move_draws_uniformly_among_the_listed_legal_moves():
+    text = ("Current Board:\n\n O | 1 | 2 \n\nAvailable Moves: '[0]', '[5]'\n\n"
+            "Current Board:\n\n O | X | 2 \n\nAvailable Moves: '[2]', '[4]', '[8]'")
+    rng = random.Random(0)
+    draws = [RandomMove()(text, rng) for _ in range(3000)]
+    assert set(draws) == {"[2]", "[4]", "[8]"}  # the last list only
+    for move in ("[2]", "[4]", "[8]"):  # 1000 expected each; sd sqrt(3000 * 1/3 * 2/3) = 26
+        assert abs(draws.count(move) - 1000) < 130
+    with pytest.raises(ValueError, match="no 'Available Moves"):
+        RandomMove()("Your turn. Say something.", rng)
+
+
+def test_a_bot_plays_its_role_legally_and_counts_in_the_league():
+    env = tictactoe(bots={"player1": RandomMove()})
+    assert env.roles == ("player0",) and env.players == ("player0", "player1")
+    alice = first_free("alice")
+    seen = set()
+    for seed in range(12):
+        trajectory = anyio.run(ab.play_episode, env, {"player0": alice},
+                               {"seed": seed, "split": "x"})
+        assert trajectory.ok, trajectory.error
+        assert set(trajectory.rewards) == {"player0"}  # the bot's role is not trained
+        counts = trajectory.counts
+        assert "lost_by_invalid_move" not in counts  # both sides played legal moves only
+        assert {t.role for t in trajectory.turns} == {"player0"}
+        assert counts["moves"] == len(trajectory.turns)
+        assert counts["bot_moves"] in (counts["moves"], counts["moves"] - 1)  # alice opens
+        assert 5 <= counts["moves"] + counts["bot_moves"] <= 9
+        # every game counts one result for alice and the opposite one for the bot
+        result = {1.0: "win", 0.0: "draw", -1.0: "loss"}[trajectory.rewards["player0"]]
+        other = {"win": "loss", "draw": "draw", "loss": "win"}[result]
+        assert counts[f"{result}/alice"] == counts[f"{other}/random"] == 1
+        assert counts[f"{other}_as/player1"] == 1
+        seen.add(result)
+        # each bot move was a cell still free after alice's move on the board she had seen
+        prompts = alice.engine.prompts[-len(trajectory.turns):]
+        for before, after, turn in zip(prompts, prompts[1:], trajectory.turns, strict=False):
+            free = set(re.findall(r"'\[\d\]'", re.findall(r"Available Moves: (.*)", before)[-1]))
+            free.discard(f"'{turn.generation.text}'")
+            (bot,) = re.findall(r"\[Player 1\] (\[\d\])", after)
+            assert f"'{bot}'" in free
+    # the first free cell wins as first player against random more often than not
+    table = env.league.table()
+    assert table["alice"].games == table["random"].games == 12
+    assert table["alice"].wins == table["random"].losses and "win" in seen
+    assert table["alice"].elo + table["random"].elo == pytest.approx(2000.0)
+    assert table["alice"].elo > 1000.0 > table["random"].elo
+
+
+def test_bots_must_leave_a_role_to_learn():
+    with pytest.raises(ValueError, match="leave one to learn"):
+        tictactoe(bots={"player0": RandomMove(), "player1": RandomMove()})
+    with pytest.raises(ValueError, match="leave one to learn"):
+        tictactoe(bots={"player2": RandomMove()})
+    with pytest.raises(ValueError, match="callable"):
+        tictactoe(bots={"player1": "random"})
 
 
 # -- training -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """TextArena's games as astranb environments: `ab.environments.load("textarena", game=...)`."""
 
-from .env import TextArena, games
+from .env import Bot, RandomMove, TextArena, games
 from .league import League, Standing, elo_update, expected_score, outcomes, standings
 
-__all__ = ["League", "Standing", "TextArena", "elo_update", "expected_score", "games",
-           "outcomes", "standings"]
+__all__ = ["Bot", "League", "RandomMove", "Standing", "TextArena", "elo_update",
+           "expected_score", "games", "outcomes", "standings"]

@@ -5,7 +5,8 @@
       repeat up to max_turns:
         player, observation = the game's next player and what it has been told since its last
                               turn (the rules and board first, then moves and the game's notes)
-        role = roles[player]: the observation is that role's next user message (ctx.chat)
+        role = roles[player]: the observation is that role's next user message (ctx.chat),
+                              or a fixed player's (`bots`, e.g. `RandomMove`) input
         game.step(the reply's content)   the game judges the move: an invalid one is answered
                                          as the game does (TicTacToe: one warning and a retry,
                                          then a loss), the reply text is never run
@@ -13,10 +14,12 @@
       rewards per role = the game's rewards (TextArena: 1 the winner, -1 the loser, 0 a draw)
 
 Wire one policy to every role (self-play: it learns from both sides) or one policy per role
-(each trains on its own turns with its own role's reward). Each episode counts every role's
-result for its policy and its role (`count/win/<policy>`, `count/loss_as/<role>`, ... in the
-run's rows) and moves the policies' Elo ratings in `env.league` (league.py); `standings(rows)`
-gives each policy's win rate and Elo from the rows.
+(each trains on its own turns with its own role's reward). A role given to a bot (`bots=`) is
+played by it and is none of the environment's `roles`: nothing is wired to it or trained on it
+(`RandomMove` plays a uniformly random legal move, the usual fixed opponent to measure against).
+Each episode counts every role's result for its policy and its role (`count/win/<policy>`,
+`count/loss_as/<role>`, ... in the run's rows) and moves the policies' Elo ratings in
+`env.league` (league.py); `standings(rows)` gives each policy's win rate and Elo from the rows.
 
 The game's own code consumes Python's global `random` (TextArena seeds it on reset): every
 call into a game runs with that episode's own random state swapped in, so concurrent games do
@@ -29,14 +32,48 @@ from __future__ import annotations
 import contextlib
 import difflib
 import random
-from collections.abc import Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from astranb import Environment, SamplingParams
 
 from .league import League, outcomes
 
-__all__ = ["TextArena", "games"]
+__all__ = ["Bot", "RandomMove", "TextArena", "games"]
+
+Bot = Callable[[str, random.Random], str]
+"""A fixed player: what the game told it since its last move (the text a policy would get) and
+a random state of the episode's own -> its move. Its `name` attribute, if any, is its name in the
+counts and the league (default: its role's name)."""
+
+_LEGAL = re.compile(r"(?:available|valid|legal)\s+(?:moves|actions)[^:\n]*:([^\n]*)", re.I)
+_BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
+
+
+class RandomMove:
+    """A bot that plays a uniformly random one of the moves the game lists as legal now: the
+    bracketed moves on the last line of the form "Available Moves: '[0]', '[4]', ..." (also
+    "Valid moves" / "legal actions") in what the game told it, as TicTacToe-v0 lists them.
+
+    Raises:
+        ValueError: (on its turn) the text lists no legal moves that way: give that game a bot
+            of your own, a callable (text, rng) -> move.
+    """
+
+    name = "random"
+
+    def __call__(self, text: str, rng: random.Random) -> str:
+        found = _LEGAL.findall(text)
+        moves = _BRACKETED.findall(found[-1]) if found else []
+        if not moves:
+            raise ValueError("RandomMove found no 'Available Moves: [..], ...' line in what the "
+                             f"game told it ({text[-200:]!r}); give this game a bot of your "
+                             "own: a callable (text, rng) -> move")
+        return rng.choice(moves)
+
+    def __repr__(self) -> str:
+        return "RandomMove()"
 
 _EXAMPLES = ("TicTacToe-v0", "ConnectFour-v0", "Nim-v0", "KuhnPoker-v0",
              "IteratedRockPaperScissors-v0")
@@ -109,6 +146,10 @@ class TextArena(Environment):
             (TicTacToe's "4" is read as "[4]").
         num_players: players in a game.
         roles: the players' role names, in player order (default "player0", "player1", ...).
+        bots: role -> a fixed player (`Bot`, e.g. `RandomMove()`) that plays that role: it is
+            not one of this environment's `roles` (nothing is wired to it or trained on it),
+            but its games count for it in the league under its `name`. The players' roles are
+            in `players`.
         history: False (default): every turn is a fresh conversation, the game's rules and what
             it told the role since its last move (the moves, the game's notes, the board as it
             is now): short prompts, enough for board games, within a tiny model's context.
@@ -127,12 +168,16 @@ class TextArena(Environment):
     Raises:
         ValueError: a game TextArena does not have (the message lists close and common ones),
             a game that cannot start with `num_players` (or at all here, e.g. one that needs an
-            API key), or roles that do not name every player once.
+            API key), roles that do not name every player once, or bots that name no
+            player or leave none to learn.
 
     Example:
         env = ab.environments.load("textarena", game="TicTacToe-v0")
         session.wire(env, player0=policy, player1=policy)        # self-play
         session.wire(env, player0=alice, player1=bob)            # one policy per role
+        against = ab.environments.load("textarena", game="TicTacToe-v0",
+                                       bots={"player1": RandomMove()})
+        session.evaluate(against, split="test", n=200)          # player0 against random
         run = session.train(steps=20)
         standings(run.rows)["alice"].win_rate
     """
@@ -142,7 +187,8 @@ class TextArena(Environment):
     def __init__(self, game: str, *, num_players: int = 2, roles: Sequence[str] | None = None,
                  history: bool = False, max_turns: int = 64, league: League | None = None,
                  seed: int = 0, sampling: SamplingParams | Mapping[str, Any] | None = None,
-                 make_kwargs: Mapping[str, Any] | None = None):
+                 make_kwargs: Mapping[str, Any] | None = None,
+                 bots: Mapping[str, Bot] | None = None):
         import textarena
 
         for name, value in (("num_players", num_players), ("max_turns", max_turns)):
@@ -150,7 +196,17 @@ class TextArena(Environment):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self._ta, self.game, self.num_players = textarena, game, num_players
         self.make_kwargs = dict(make_kwargs or {})
-        self.roles = self._role_names(roles)
+        self.players = self._role_names(roles)
+        """Every player's role name, in player order (bots' roles included)."""
+        self.bots = dict(bots or {})
+        unknown = sorted(set(self.bots) - set(self.players))
+        if unknown or len(self.bots) == len(self.players):
+            raise ValueError(f"bots must name some of the players {list(self.players)} and "
+                             f"leave one to learn, got {sorted(self.bots)}")
+        if not all(callable(bot) for bot in self.bots.values()):
+            raise ValueError("each bot must be a callable (text, rng) -> move, e.g. "
+                             "RandomMove()")
+        self.roles = tuple(r for r in self.players if r not in self.bots)
         self.history, self.max_turns, self.seed = bool(history), max_turns, seed
         self.league = league if league is not None else League()
         self._probe()
@@ -212,27 +268,33 @@ class TextArena(Environment):
         seed = int(sample["seed"])
         game = _Game(self._make(), seed)
         game.reset(self.num_players, seed)
-        chats: dict[str, list[dict[str, Any]]] = {role: [] for role in self.roles}
+        chats: dict[str, list[dict[str, Any]]] = {role: [] for role in self.players}
         rules: dict[str, str] = {}
+        rngs = {role: random.Random(f"bot-{seed}-{role}") for role in self.bots}
         done = False
         for _ in range(self.max_turns):
             player, observation = game.observe()
-            role = self.roles[player]
-            messages = self._turn(game, player, observation, chats[role], rules)
-            reply = await ctx.chat(role, messages)  # with self.sampling
-            ctx.count("moves")
-            if done := self._step(game, role, reply.content):
+            role = self.players[player]
+            if role in self.bots:
+                move = self.bots[role](self._text(game, player, observation, rules, role),
+                                       rngs[role])
+                ctx.count("bot_moves")
+            else:
+                messages = self._turn(game, player, observation, chats[role], rules)
+                move = (await ctx.chat(role, messages)).content  # with self.sampling
+                ctx.count("moves")
+            if done := self._step(game, role, move):
                 break
         if not done:
             ctx.count("out_of_turns")
         rewards, info = game.close()
-        by_role = {role: float(rewards.get(i, 0.0)) if done else 0.0
-                   for i, role in enumerate(self.roles)}
+        by_player = {role: float(rewards.get(i, 0.0)) if done else 0.0
+                     for i, role in enumerate(self.players)}
         if done and any(isinstance(v, Mapping) and v.get("invalid_move") for v in info.values()):
             ctx.count("lost_by_invalid_move")
         if done and self.num_players > 1:
-            self._score(ctx, by_role)
-        return by_role
+            self._score(ctx, by_player)
+        return {role: by_player[role] for role in self.roles}
 
     def _step(self, game: _Game, role: str, text: str) -> bool:
         """The game's move with the reply; a game that raises on it (its own bug: the rules
@@ -248,7 +310,7 @@ class TextArena(Environment):
               rules: dict[str, str]) -> list[dict[str, Any]]:
         """The conversation to answer: `chat` with the new messages (history), or them alone
         after the role's rules."""
-        role = self.roles[player]
+        role = self.players[player]
         text = self._text(game, player, observation, rules, role)
         if self.history:
             chat.append({"role": "user", "content": text})
@@ -279,7 +341,8 @@ class TextArena(Environment):
 
     def _score(self, ctx: Any, rewards: Mapping[str, float]) -> None:
         """Count each role's result for its policy and its role, and move the Elo ratings."""
-        players = {role: ctx.wiring[role].name for role in self.roles}
+        players = {role: str(getattr(self.bots[role], "name", role)) if role in self.bots
+                   else ctx.wiring[role].name for role in self.players}
         for role, result in outcomes(rewards).items():
             ctx.count(f"{result}/{players[role]}")
             ctx.count(f"{result}_as/{role}")
