@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		environments/code/pyproject.toml environments/search/pyproject.toml \
 		environments/agentbench/pyproject.toml environments/textcraft/pyproject.toml \
 		environments/reasoning_gym/pyproject.toml environments/gymnasium/pyproject.toml \
-		environments/textarena/pyproject.toml environments/verifiers/pyproject.toml
+		environments/textarena/pyproject.toml environments/verifiers/pyproject.toml \
+		environments/openenv/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --timeout 15 --retries 0 --index-url $(TORCH_INDEX) \
@@ -31,7 +32,7 @@ $(VENV)/.installed: pyproject.toml environments/arithmetic/pyproject.toml \
 		-e environments/actor_verifier -e environments/math -e environments/code \
 		-e environments/search -e environments/agentbench -e environments/textcraft \
 		-e environments/reasoning_gym -e environments/gymnasium -e environments/textarena \
-		-e environments/verifiers
+		-e environments/verifiers -e environments/openenv
 	touch $@
 
 # Runs the quickstart notebook headless (`astranb run`: its kernel on IPC, Ctrl-C stops it
