@@ -272,6 +272,19 @@ class StopsTheServer(ScriptedEngine):
         return await super().generate(request)
 
 
+class Flood(GuessTheDigit):
+    def step(self, action, timeout_s=None, **kwargs):
+        return Clue(prompt="x" * 2_000_000)  # past the 0.2 client's 1 MiB message limit
+
+
+def test_an_observation_too_large_for_the_client_is_a_clear_error():
+    with serve(Flood, Guess, Clue) as flooding:
+        env = ab.environments.load("openenv", base_url=flooding.base_url, timeout=5.0)
+        trajectory, _ = play(env, "4", ok=False)
+    assert not trajectory.ok and trajectory.rewards == {}
+    assert "sent a message larger than the client takes during step" in trajectory.error
+
+
 def test_a_server_that_goes_away_mid_episode_is_a_clear_error():
     from astranb.weights.publish import StatePublisher
     from tests.test_math_env import TOKENIZER

@@ -363,6 +363,11 @@ class OpenEnv(Environment):
                 f"cannot reach the OpenEnv server at {url}: is it running? ({what})"
             )
         name = type(error).__name__
+        if name.startswith("ConnectionClosed") and "message too big" in str(error):
+            return OpenEnvError(
+                f"the OpenEnv server at {url} sent a message larger than the client takes "
+                f"during {method} ({what})"
+            )
         if name.startswith("ConnectionClosed") or isinstance(error, (ConnectionError, OSError)):
             return OpenEnvError(
                 f"the OpenEnv server at {url} closed the session during {method} ({what})"
