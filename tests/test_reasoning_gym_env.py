@@ -16,6 +16,7 @@ from astranb_reasoning_gym import (
     extract_answer,
     task_names,
 )
+from astranb_reasoning_gym.env import compares_strings, string_score
 
 import astranb as ab
 from astranb.weights.publish import StatePublisher
@@ -272,6 +273,41 @@ def test_hostile_answers_score_zero_and_leave_the_next_score_alone(hostile, tmp_
     env.close()
 
 
+STRING_CASES = [("8", "8"), ("8.", "8"), (" 8", "8"), ("18", "8"), ("7", "8"), ("", "8"),
+                ("-12", "-12"), ("12", "-12"), ("x-12y", "-12"), ("anything", ""),
+                ("True", "True"), ("true", "True"), ("Yes, True!", "True")]
+
+
+@pytest.mark.parametrize("answer, gold", STRING_CASES)
+def test_string_score_is_reasoning_gyms_default_rule(answer, gold):
+    from reasoning_gym.dataset import ProceduralDataset
+
+    expected = ProceduralDataset.score_answer(None, answer, {"answer": gold})  # the reference
+    assert string_score(answer, gold) == expected
+    hand = {("8", "8"): 1.0, ("8.", "8"): 0.5, ("18", "8"): 0.5, ("7", "8"): 0.0,
+            ("x-12y", "-12"): 0.6, ("Yes, True!", "True"): 0.4}
+    if (answer, gold) in hand:
+        assert expected == hand[(answer, gold)]
+
+
+def test_tasks_that_only_compare_strings_skip_the_worker_and_score_as_it_does(arithmetic,
+                                                                                spelling):
+    assert compares_strings("basic_arithmetic") and compares_strings("letter_counting")
+    assert not compares_strings("spell_backward") and not compares_strings("string_insertion")
+    assert arithmetic.compared == {"basic_arithmetic"} and spelling.compared == frozenset()
+    env = load()
+    env.scorer = FailingScorer(ScoreError("the worker was asked"))   # never reached
+    for sample in take(env.samples(0), 6):
+        for answer in (sample["answer"], sample["answer"] + ".", "0", "x" + sample["answer"]):
+            trajectory = play(env, sample, scripted(answer))
+            worker = anyio.run(arithmetic.scorer.score, "train", sample["index"], answer)
+            assert trajectory.error is None
+            assert trajectory.rewards == {"solver": worker[0]}, (answer, sample["answer"])
+    mix = load({"basic_arithmetic": 1, "spell_backward": 1})
+    assert mix.compared == {"basic_arithmetic"}
+    mix.close()
+
+
 class FailingScorer:
     def __init__(self, outcome):
         self.outcome = outcome
@@ -285,13 +321,13 @@ class FailingScorer:
         pass
 
 
-def test_a_scorer_that_raises_fails_its_episode_only(arithmetic):
-    env = load()
+def test_a_scorer_that_raises_fails_its_episode_only(spelling):
+    env = load("spell_backward")   # overrides score_answer: scored by the worker
     sample = next(env.samples(0))
     env.scorer = FailingScorer((0.0, "ValueError: cannot read it"))
     failed = play(env, sample, scripted("7"))
     assert "ScoreError" in failed.error and "cannot read it" in failed.error
-    assert play(arithmetic, sample, scripted(sample["answer"])).rewards == {"solver": 1.0}
+    assert play(spelling, sample, scripted(sample["answer"])).rewards == {"solver": 1.0}
     env.scorer = FailingScorer(ScoreTimeout("too slow"))
     slow = play(env, sample, scripted("7"))
     assert slow.error is None and slow.rewards == {"solver": 0.0}

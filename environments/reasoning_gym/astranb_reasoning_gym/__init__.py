@@ -8,7 +8,8 @@
 
 Samples are reasoning-gym's entries (`reasoning_gym.create_dataset(task, size=, seed=)`, or its
 composite dataset for a mix); the reward is the task's own `score_answer`, partial credit
-included, run in a child process forked for each answer, with limits and an audit hook (many
+included: reasoning-gym's plain string comparison (`string_score`) in the episode, any other
+scorer in a child process forked for each answer, with limits and an audit hook (many
 scorers `eval` the answer, which is model text). The answer is the bare reply, or with
 `answer_tag=True` the last `<answer>...</answer>`.
 """
@@ -16,8 +17,8 @@ scorers `eval` the answer, which is model text). The answer is the bare reply, o
 from __future__ import annotations
 
 from .answers import extract_answer
-from .env import ReasoningGym, task_names
+from .env import ReasoningGym, compares_strings, string_score, task_names
 from .scorer import ScoreError, Scorer, ScoreTimeout
 
-__all__ = ["ReasoningGym", "Scorer", "ScoreError", "ScoreTimeout", "extract_answer",
-           "task_names"]
+__all__ = ["ReasoningGym", "Scorer", "ScoreError", "ScoreTimeout", "compares_strings",
+           "extract_answer", "string_score", "task_names"]

@@ -101,6 +101,9 @@ class ReasoningGym(Environment):
         test = _entries(build(self.spec, "test"), "test", range(2 * test_size))
         self._test = [s for s in test if s["question"] not in seen][:test_size]
         self.scorer = Scorer(self.spec, timeout=score_timeout)
+        self.compared = frozenset(name for name, _, _ in tasks if compares_strings(name))
+        """The tasks whose score is reasoning-gym's plain string comparison (`string_score`),
+        scored in the episode's process: no answer is evaluated, so no fence is needed."""
 
     @property
     def name(self) -> str:
@@ -144,6 +147,8 @@ class ReasoningGym(Environment):
         if answer is None:
             ctx.count("no_answer")
             return 0.0
+        if sample["task"] in self.compared:
+            return float(await ctx.tool("score", string_score, answer, sample["answer"]))
         result = await ctx.tool("score", self._score, sample["split"], sample["index"], answer)
         if result["timed_out"]:
             ctx.count("score_timeout")
@@ -157,6 +162,30 @@ class ReasoningGym(Environment):
         if error is not None:
             raise ScoreError(f"the task's scorer failed on this answer: {error}")
         return {"score": score, "timed_out": False, "error": None}
+
+
+def compares_strings(task: str) -> bool:
+    """Whether `task` keeps reasoning-gym's base `score_answer` (33 of 0.1.25's 106 tasks, e.g.
+    basic_arithmetic, gcd, letter_counting): that scorer only
+    compares the answer with the gold string, so `string_score` gives the same reward without
+    a process per answer. Every task that overrides it (many `eval` or parse the answer) is
+    scored in the fenced worker."""
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS
+
+    found = DATASETS.get(task)
+    return found is not None and found[0].score_answer is ProceduralDataset.score_answer
+
+
+def string_score(answer: str, gold: str | None) -> float:
+    """reasoning-gym's default reward, computed here: 1 for the gold answer exactly; when the
+    answer contains the gold answer among other text, the gold's share of the answer's length
+    (so "8." scores 0.5 against "8"); otherwise 0. An empty answer scores 0."""
+    if not isinstance(answer, str) or not answer or gold is None:
+        return 0.0
+    if answer == gold:
+        return 1.0
+    return len(gold) / len(answer) if gold in answer else 0.0
 
 
 def task_names() -> list[str]:
