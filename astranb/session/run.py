@@ -254,7 +254,9 @@ class Run:
         Panels: reward per policy, staleness (per step, distribution, bound), weight bytes sent
         and share of weights changed per version, throughput, buffer, drops, filtered groups,
         failed and truncated episodes, and (with `train(eval_every=...)`) held-out avg@k and
-        pass@k per version; each policy's version; a Stop button. In JupyterLab the panels
+        pass@k per version, and (when the rows count games won, drawn and lost per policy, as
+        TextArena's games do) each policy's win rate and Elo; each policy's version; a Stop
+        button. In JupyterLab the panels
         update live (at most once per `interval` seconds); headless (papermill, nbmake) they
         appear as a static figure when `await run` / `run.wait()` sees the run end; in a
         script, one line of text. The `ASTRANB_DISPLAY` environment variable (widgets | static

@@ -86,11 +86,11 @@ md("""## TextArena: two policies, each a player; win rates and Elo
 
 Each player is a role. Alice and Bob each take the first seat in one of two seatings (an
 untrained first player loses by two invalid moves before the second moves), and one `League`
-holds both seatings' Elo. `standings(run.rows)` adds up each policy's games from the run's
-metrics rows.""")
+holds both seatings' Elo. The run's dashboard adds a win-rate and an Elo panel (each policy over
+its steps, from the win/draw/loss and Elo counts in its metrics rows), and `standings(run.rows)`
+adds up each policy's games the same way.""")
 
-code("""import matplotlib.pyplot as plt
-from astranb_textarena import League, standings
+code("""from astranb_textarena import League, standings
 
 league = League()
 
@@ -102,17 +102,10 @@ def seatings(session, alice, bob):
 
 
 run = train("textarena", seatings, alice=0, bob=1)
-table = standings(run.rows)
-fig, (wins, elo) = plt.subplots(1, 2, figsize=(8, 3))
-names = list(table)
-wins.bar(names, [table[n].win_rate for n in names])
-wins.set_title("win rate")
-wins.set_ylim(0, 1)
-elo.bar(names, [table[n].elo for n in names])
-elo.set_title("Elo (from 1000)")
-elo.set_ylim(min(t.elo for t in table.values()) - 50, max(t.elo for t in table.values()) + 50)
-plt.tight_layout()
-print(league.table())""")
+for name, s in standings(run.rows).items():
+    print(f"{name}: {s.games} role-games, win rate {s.win_rate:.2f}, Elo {s.elo:.1f}")
+print(league.table())
+run.dashboard()  # the win-rate and Elo panels come last""")
 
 md("""## An agent written against the openai client, trained unchanged
 
