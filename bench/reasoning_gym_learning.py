@@ -1,6 +1,6 @@
 """Two reasoning-gym tasks learned by the quickstart's tiny model: held-out avg@1 before and after.
 
-    .venv/bin/python bench/reasoning_gym_learning.py   # 2 tasks x 3 seeds, 3 min each 
+    .venv/bin/python bench/reasoning_gym_learning.py   # 2 tasks x 3 seeds, 3 min each
     .venv/bin/python bench/reasoning_gym_learning.py --minutes 1 --seeds 1   # a smoke run
 
 Tasks (reasoning-gym 0.1.25, the `reasoning-gym` extra), both with reasoning-gym's own scorer:
