@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from astranb.algorithms import GRPO
-from astranb.dataflow.batcher import build_batch, has_signal_for
+from astranb.dataflow.batcher import build_batch, group_rewards, has_signal_for
 from astranb.dataflow.buffer import Buffer, Group
 from astranb.dataflow.staleness import StalenessGate, staleness
 from astranb.types import Generation, SamplingParams, Trajectory, Turn
@@ -131,6 +131,30 @@ def test_build_batch_aligns_masks_logprobs_and_advantages():
     assert torch.allclose(adv[:, 2:], torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), atol=1e-5)
     assert adv[:, :2].abs().sum() == 0
     assert batch.old_logp_B_T[:, 2:].eq(-1.0).all()
+
+
+def selfplay(winner: str) -> Trajectory:
+    """One game of a policy "p" against itself: player0's turn (prompt 1), player1's (prompt 2),
+    +1 to the winner and -1 to the other (their mean is 0)."""
+    def turn(role, prompt):
+        gen = Generation((prompt,), (10,), (-1.0,), (0,), "stop", "x")
+        return Turn(role, "p", gen, SamplingParams(temperature=1.0))
+    rewards = {"player0": 1.0 if winner == "player0" else -1.0}
+    rewards["player1"] = -rewards["player0"]
+    return Trajectory({"i": 0}, (turn("player0", 1), turn("player1", 2)), rewards, 0)
+
+
+def test_self_play_is_normalised_per_seat_not_by_the_zero_sum_mean():
+    g = Group(0, (selfplay("player0"), selfplay("player1")), 0, frozenset({"p"}))
+    assert has_signal_for(g, "p")          # the mean of each game is 0; each seat's is not
+    assert group_rewards(g, "p") == [1.0, -1.0, -1.0, 1.0]
+    batch = build_batch([g], "p", GRPO(), pad_id=0)
+    # rows per seat: player0's of games 1, 2 (rewards +1, -1), then player1's (-1, +1)
+    assert batch.input_ids_B_T.tolist() == [[1, 10], [1, 10], [2, 10], [2, 10]]
+    assert torch.allclose(batch.advantages_B_T[:, 1],
+                          torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
+    tied = Group(0, (selfplay("player0"), selfplay("player0")), 0, frozenset({"p"}))
+    assert not has_signal_for(tied, "p")   # player0 won both: each seat tied
 
 
 # -- property: nothing trained is ever staler than the bound -----------------------------------

@@ -4,8 +4,10 @@ Each conversation a policy had in an episode becomes one row: the last turn's pr
 completion, trained on the tokens the policy sampled (every turn's completion) and not on prompt
 or observation tokens. Turns whose prompt does not extend the previous turn's tokens (a template
 that rewrote history, separate conversations) are rows of their own. The row's advantage is its
-episode's reward for the turn's role, normalised within the group (the algorithm decides how),
-broadcast over the row's tokens.
+episode's reward for the turn's role, normalised within the group among that role's episodes
+(the algorithm decides how), broadcast over the row's tokens. A policy that plays two roles of
+one game (self-play) is normalised per role: its two seats' rewards of a zero-sum game average
+to 0 in every episode, and one mean per episode would leave it nothing to learn.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from ..algorithms import Algorithm
 from ..types import Batch, Trajectory, Turn
 from .buffer import Group
 
-__all__ = ["build_batch", "chains", "group_rewards", "has_signal_for", "pad_id", "policy_reward"]
+__all__ = ["build_batch", "chains", "group_rewards", "has_signal_for", "pad_id", "policy_reward",
+           "role_rewards"]
 
 
 def policy_reward(traj: Trajectory, policy: str) -> float | None:
@@ -29,16 +32,29 @@ def policy_reward(traj: Trajectory, policy: str) -> float | None:
 
 
 def group_rewards(group: Group | Sequence[Trajectory], policy: str) -> list[float]:
-    """Reward of each episode of the group in which `policy` took part."""
+    """Reward of each (episode, role) of the group in which `policy` played the role: one per
+    episode for a policy with one role, each seat's for self-play (see `role_rewards`)."""
+    return [reward for pairs in role_rewards(group, policy).values() for _, reward in pairs]
+
+
+def role_rewards(group: Group | Sequence[Trajectory], policy: str
+                 ) -> dict[str, list[tuple[Trajectory, float]]]:
+    """For each role `policy` played in the group: (episode, that role's reward), in order."""
     trajectories = group.trajectories if isinstance(group, Group) else group
-    rewards = [policy_reward(traj, policy) for traj in trajectories]
-    return [r for r in rewards if r is not None]
+    found: dict[str, list[tuple[Trajectory, float]]] = {}
+    for traj in trajectories:
+        for role in dict.fromkeys(t.role for t in traj.turns if t.policy == policy):
+            found.setdefault(role, []).append((traj, traj.rewards[role]))
+    return found
 
 
 def has_signal_for(group: Group | Sequence[Trajectory], policy: str) -> bool:
-    """False when every episode earned the same reward (zero advantage: nothing to learn)."""
-    rewards = group_rewards(group, policy)
-    return len(rewards) > 1 and any(r != rewards[0] for r in rewards)
+    """False when, in every role the policy played, every episode earned the same reward (zero
+    advantage: nothing to learn)."""
+    for pairs in role_rewards(group, policy).values():
+        if len(pairs) > 1 and any(r != pairs[0][1] for _, r in pairs):
+            return True
+    return False
 
 
 def pad_id(tokenizer: Any) -> int:
@@ -58,14 +74,14 @@ def build_batch(groups: Sequence[Group], policy: str, algorithm: Algorithm, pad_
     """
     rows: list[_Row] = []
     for group in groups:
-        trajectories = [t for t in group.trajectories if policy_reward(t, policy) is not None]
-        rewards = [r for t in trajectories if (r := policy_reward(t, policy)) is not None]
-        adv_1_N = algorithm.advantages(torch.tensor([rewards], dtype=torch.float32))
-        # one reward and one advantage per trajectory: equal lengths by construction
-        for traj, reward, adv in zip(trajectories, rewards, adv_1_N[0].tolist(), strict=True):
-            turns = [turn for turn in traj.turns if turn.policy == policy]
-            for chain in (chains(turns) if merge else [[turn] for turn in turns]):
-                rows.append(_Row(chain, adv, reward))
+        for role, pairs in role_rewards(group, policy).items():
+            rewards = [reward for _, reward in pairs]
+            adv_1_N = algorithm.advantages(torch.tensor([rewards], dtype=torch.float32))
+            # one reward and one advantage per (episode, role): equal lengths by construction
+            for (traj, reward), adv in zip(pairs, adv_1_N[0].tolist(), strict=True):
+                turns = [turn for turn in traj.turns if turn.policy == policy and turn.role == role]
+                for chain in (chains(turns) if merge else [[turn] for turn in turns]):
+                    rows.append(_Row(chain, adv, reward))
     if not rows:
         raise ValueError(f"no turns of policy {policy!r} in the batch's groups")
     return _collate(rows, pad_id)
