@@ -285,22 +285,18 @@ def test_an_observation_too_large_for_the_client_is_a_clear_error():
     assert "sent a message larger than the client takes during step" in trajectory.error
 
 
-def test_a_server_that_goes_away_mid_episode_is_a_clear_error():
+def scripted_policy(engine):
+    """A policy "p" of the tiny chat model whose replies come from a scripted engine."""
     from astranb.weights.publish import StatePublisher
     from tests.test_math_env import TOKENIZER
 
+    return ab.Policy("p", ab.models.tiny_chat(), ab.GRPO(), ab.AdamWConfig(), engine, None,
+                     StatePublisher("p", engine, None), TOKENIZER)
+
+
+def test_a_server_that_goes_away_mid_episode_is_a_clear_error():
     running = serve(GuessTheDigit, Guess, Clue)
-    engine = StopsTheServer(["1", "2", "3"], running)
-    policy = ab.Policy(
-        "p",
-        ab.models.tiny_chat(),
-        ab.GRPO(),
-        ab.AdamWConfig(),
-        engine,
-        None,
-        StatePublisher("p", engine, None),
-        TOKENIZER,
-    )
+    policy = scripted_policy(StopsTheServer(["1", "2", "3"], running))
     env = ab.environments.load("openenv", base_url=running.base_url, timeout=5.0)
     started = time.monotonic()
     trajectory = anyio.run(ab.play_episode, env, {"agent": policy}, {"seed": 4})
@@ -319,21 +315,8 @@ class Slower(ScriptedEngine):
 
 
 def test_a_server_at_capacity_is_retried_until_a_session_frees():
-    from astranb.weights.publish import StatePublisher
-    from tests.test_math_env import TOKENIZER
-
     def policy():
-        engine = Slower(["1", "4"])
-        return ab.Policy(
-            "p",
-            ab.models.tiny_chat(),
-            ab.GRPO(),
-            ab.AdamWConfig(),
-            engine,
-            None,
-            StatePublisher("p", engine, None),
-            TOKENIZER,
-        )
+        return scripted_policy(Slower(["1", "4"]))
 
     async def together(env):
         out = []
