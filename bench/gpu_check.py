@@ -1,9 +1,11 @@
 """GPU check: astranb's CUDA paths on one machine, end to end, in one JSON report.
 
 Meant for one NVIDIA GPU (H200-class) with no network: every model is built locally with random
-weights, nothing is downloaded, and nothing beyond `make setup`'s packages (torch, transformers)
-is needed. Each part runs in a process of its own under its own time limit, so a part that fails,
-hangs or takes the GPU down still leaves the other parts' results in the report:
+weights and nothing is downloaded. A host's own python with CUDA torch will do: what it lacks
+of astranb's dependencies comes from `.gpu-wheels/` (`make gpu-wheels` on a networked machine;
+bench/gpu_check.sh unpacks it into a scratch folder, see bench/gpu_wheels.py). Each part runs
+in a process of its own under its own time limit, so a part that fails, hangs or takes the GPU
+down still leaves the other parts' results in the report:
 
   pytest      `pytest -q tests/gpu`: pass/fail counts and the tail of the output        (90 s)
   engine      HFEngine against transformers' generate() in bf16 on a ~0.41B-parameter Qwen3
