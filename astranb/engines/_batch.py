@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..types import GenerationRequest
-from ._kvbatch import SlotKV
+from ._kvbatch import Reuse, SlotKV
+from ._prefix import Kept, PrefixCache
 from ._sampling import sample
 
 __all__ = ["Row", "DecodeBatch", "PREFILL_LOGITS_BUDGET"]
@@ -38,6 +39,8 @@ class Row:
     """Prompt followed by the completion so far."""
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    kept_from: Kept | None = None
+    """The kept sequence this row's prompt was admitted from (prefix reuse), if any."""
 
     @property
     def completion(self) -> list[int]:
@@ -53,16 +56,20 @@ class DecodeBatch:
         device: model device.
         seed: seed of the sampling generator.
         fast: use the lean forward for models it supports (see `SlotKV`).
+        prefix: where finished rows' keys/values are kept for later prompts that extend them
+            (`_prefix`); None keeps nothing.
     """
 
     def __init__(self, model, max_rows: int, device: torch.device, seed: int,
-                 fast: bool = True) -> None:
+                 fast: bool = True, prefix: PrefixCache | None = None) -> None:
         self.model = model
         self.max_rows = max_rows
         self.device = device
         self.kv = SlotKV(model, max_rows, device, fast=fast)
         self.rows: tuple[Row, ...] = ()
         self.prefill_tokens = 0
+        # reuse needs the lean forward's `extend`; without it nothing is kept
+        self.prefix = prefix if self.kv.fast is not None else None
         self.pending_R = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.temperature_R = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self.top_p_R = torch.ones(max_rows, dtype=torch.float32, device=device)
@@ -94,7 +101,8 @@ class DecodeBatch:
         sample_now = (version is not None and len(rows) * longest * self.vocab_size
                       <= PREFILL_LOGITS_BUDGET)
         cached = [row.tokens if sample_now else row.tokens[:-1] for row in rows]
-        logits_K_V = self.kv.admit(cached, last_logits=sample_now)
+        reuse = self._lookup(rows, cached) if version is not None else None
+        logits_K_V = self.kv.admit(cached, last_logits=sample_now, reuse=reuse)
         slots = slice(len(self.rows), len(self.rows) + len(rows))
         sampling = [row.request.sampling for row in rows]
         self.temperature_R[slots] = self._tensor([s.temperature for s in sampling], torch.float32)
@@ -112,6 +120,25 @@ class DecodeBatch:
         )
         self.pending_R[slots] = tokens_K
         return self._record(rows, tokens_K, logp_K, version)
+
+    def _lookup(self, rows: list[Row], cached: list[list[int]]) -> list[Reuse | None] | None:
+        """Each new row's kept prefix, if any (identical prompts are looked up and counted once).
+        At least one token of every row is left to run, for the logits after it."""
+        prefix = self.prefix
+        if prefix is None:
+            return None
+        found: dict[tuple[int, ...], Reuse | None] = {}
+        reuse: list[Reuse | None] = []
+        for row, c in zip(rows, cached, strict=True):
+            key = tuple(c)
+            if key not in found:
+                length, kept = prefix.lookup(c, len(c) - 1)
+                found[key] = None if kept is None else (length, kept)
+                prefix.count(length if kept is not None else 0)
+            hit = found[key]
+            row.kept_from = None if hit is None else hit[1]
+            reuse.append(hit)
+        return reuse
 
     def step(self, version: int) -> list[tuple[Row, str]]:
         """Sample one token for every row; rows that finished leave the batch.
@@ -150,8 +177,21 @@ class DecodeBatch:
             elif len(row.logprobs) >= sampling.max_new_tokens:
                 finished.append((row, "length"))
         if finished:
+            if self.prefix is not None:
+                self._keep([row for row, _ in finished])
             self.remove(row for row, _ in finished)
         return finished
+
+    def _keep(self, rows: list[Row]) -> None:
+        """Hand finished rows' keys/values (every token but the last sampled) to `prefix`."""
+        prefix = self.prefix
+        assert prefix is not None
+        slot = {id(row): i for i, row in enumerate(self.rows)}
+        for row in rows:
+            kv_2L_H_T_D = self.kv.snapshot(slot[id(row)])
+            assert kv_2L_H_T_D.shape[2] == len(row.tokens) - 1
+            prefix.keep(row.tokens[:-1], kv_2L_H_T_D, supersedes=row.kept_from)
+            row.kept_from = None
 
     def remove(self, rows: Iterable[Row]) -> None:
         """Drop rows from the batch (their slots are refilled from the tail)."""

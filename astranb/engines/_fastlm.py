@@ -11,11 +11,13 @@ default rotary embedding, SiLU MLPs and full attention. Anything else (other rop
 on the MLP, a tensor-parallel Llama, an attention other than sdpa/eager, FSDP-wrapped or hooked
 modules) gets None from `FastLM.build`, and the caller keeps calling the model.
 
-The engine makes two calls, writing keys/values through a caller's sink; the trainer a third,
+The engine makes three calls, writing keys/values through a caller's sink; the trainer a fourth,
 `logits(ids)`, under autograd, for right-padded batches:
 
     prefill(ids_K_T, positions_K_T)        right-padded prompts, plain causal attention
         -> per layer (keys, values) [K, Hkv, T, D], logits [K, T, V] or of the last column
+    extend(ids_K_T, positions_K_T, past, mask_K_T_W)   new tokens after kept prefixes (reuse)
+        -> per layer (keys, values) of the new tokens [K, Hkv, T, D], logits as prefill
     decode(ids_B_1, positions_B_1, kv)     one token per row against `kv`'s window
         kv.write(layer, keys_B_Hkv_1_D, values_B_Hkv_1_D) -> window keys/values [B, Hkv, W+1, D]
         kv.mask_B_W (bool, True = attend)
@@ -236,6 +238,32 @@ class FastLM:
         Returns each layer's (keys, values) [K, Hkv, T, D] and the logits: [K, T, V] with
         `all_logits`, else [K, 1, V] of the last column."""
         x, kv = self._causal(ids_K_T, positions_K_T)
+        x = _norm(x if all_logits else x[:, -1:], self.norm)
+        return kv, self.lm_head(x)
+
+    @torch.inference_mode()
+    def extend(self, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor,
+               past: list[tuple[torch.Tensor, torch.Tensor]], mask_K_T_W: torch.Tensor, *,
+               all_logits: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Right-padded new tokens after each row's kept prefix (prefix reuse).
+
+        `past` holds each layer's prefix keys/values [K, Hkv, P, D]; `mask_K_T_W` (W = P + T,
+        True = attend) says which prefix columns are a row's own and keeps the new tokens causal.
+        Returns each layer's (keys, values) of the new tokens only [K, Hkv, T, D] and the logits
+        as `prefill` does."""
+        x = self.embed(ids_K_T)
+        cos, sin = self._rope(positions_K_T, x.dtype)
+        mask_K_1_T_W = mask_K_T_W[:, None]
+        kv = []
+        for layer, (past_k, past_v) in zip(self.layers, past, strict=True):
+            h = _norm(x, layer.ln1)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            kv.append((k, v))
+            keys, values = torch.cat((past_k, k), 2), torch.cat((past_v, v), 2)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask_K_1_T_W,
+                                                  scale=layer.scaling,
+                                                  enable_gqa=self.groups > 1)
+            x = self._finish_layer(layer, x, attn)
         x = _norm(x if all_logits else x[:, -1:], self.norm)
         return kv, self.lm_head(x)
 

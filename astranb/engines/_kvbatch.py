@@ -19,6 +19,14 @@ request's slot is refilled by moving the last row into it, so live rows stay con
 Columns left of every live row's start are simply not shown to the model (the window starts at
 min(start)), which trims padding for free when a long request leaves.
 
+A joining row may bring kept keys/values for the start of its tokens (prefix reuse across turns,
+`_prefix`): such rows skip the plain prefill and run only their new tokens, right padded, against
+their own prefix (left padded to the longest), through the lean forward's `extend`; the result is
+placed like any other row:
+
+    columns:    0 .. P-1 | P .. P+S-1
+    row i       . . p p p | s s s .     kept prefix right-aligned at P, new tokens after it
+
 The model sees the buffer through `SlotCache`, a transformers `Cache` whose layers write into the
 buffer and return views; it never copies the whole cache per step, unlike `DynamicCache`.
 """
@@ -32,6 +40,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from ._fastlm import FastLM
+from ._prefix import Kept
 
 __all__ = ["SlotKV"]
 
@@ -155,14 +164,17 @@ class SlotKV:
 
     # -- membership -------------------------------------------------------------------------------
 
-    def admit(self, cached: Sequence[Sequence[int]], *,
-              last_logits: bool = False) -> torch.Tensor | None:
+    def admit(self, cached: Sequence[Sequence[int]], *, last_logits: bool = False,
+              reuse: Sequence[Reuse | None] | None = None) -> torch.Tensor | None:
         """Append rows [n, n + k) whose caches hold `cached[i]` (prefilled here, in one batch).
 
         Args:
             cached: token ids each new row has already seen (may be empty).
             last_logits: also return the logits after each row's last token, [k, vocab]
                 (every row must then be non-empty).
+            reuse: per row, None or (m, kept): the first m < len(cached[i]) tokens' keys/values
+                are `kept`'s (a finished request's, see `_prefix`); only the rest is run through
+                the model. Needs the lean forward (`fast`); without it reuse is ignored.
 
         Returns:
             The last logits when asked for, else None.
@@ -172,32 +184,65 @@ class SlotKV:
             raise RuntimeError(f"SlotKV holds at most {self.max_rows} rows")
         lengths = [len(c) for c in cached]
         longest = max(lengths, default=0)
-        kv = logits_K_V = None
         self.computed = 0
-        if longest:
-            # identical rows (a group's samples of one prompt) are prefilled once and shared
-            unique: dict[tuple[int, ...], int] = {}
-            source_K = [unique.setdefault(tuple(c), len(unique)) for c in cached]
-            distinct = [list(c) for c in unique]
-            kv, logits_U_V = _prefill(self.model, distinct, self.device, last_logits, self.fast)
-            self.computed = sum(len(c) for c in distinct)
-            if len(distinct) < k:
-                source = torch.tensor(source_K, device=self.device)
-                kv = [(keys.index_select(0, source), values.index_select(0, source))
-                      for keys, values in kv]
-                logits_U_V = None if logits_U_V is None else logits_U_V.index_select(0, source)
-            logits_K_V = logits_U_V
+        if not longest:
+            self._append(k, lengths)
+            return None
+        # identical rows (a group's samples of one prompt) are prefilled once and shared
+        unique: dict[tuple[int, ...], int] = {}
+        source_K = [unique.setdefault(tuple(c), len(unique)) for c in cached]
+        reuse_U: list[Reuse | None] = [None] * len(unique)
+        if reuse is not None and self.fast is not None:
+            for i, u in enumerate(source_K):
+                reuse_U[u] = reuse[i]
+        distinct = [list(c) for c in unique]
+        fresh_U = [u for u in range(len(distinct)) if reuse_U[u] is None]
+        kept_U = [u for u in range(len(distinct)) if reuse_U[u] is not None]
+        placed, logits_K_V = [], None
+        for group in (fresh_U, kept_U):
+            if not group:
+                continue
+            rows = [distinct[u] for u in group]
+            if group is fresh_U:
+                kv, logits_G_V = _prefill(self.model, rows, self.device, last_logits, self.fast)
+                offset_G = [0] * len(group)
+                self.computed += sum(len(c) for c in rows)
+            else:
+                assert self.fast is not None
+                reuse_G = [r for r in (reuse_U[u] for u in group) if r is not None]
+                kv, logits_G_V, offset_G = _extend(self.fast, rows, reuse_G, self.device,
+                                                   last_logits)
+                self.computed += sum(len(c) - m for c, (m, _) in zip(rows, reuse_G, strict=True))
+            at = {u: g for g, u in enumerate(group)}
+            members_M = [i for i in range(k) if source_K[i] in at]
+            src_M = [at[source_K[i]] for i in members_M]
+            placed.append((members_M, src_M, kv, offset_G))
+            if logits_G_V is not None:
+                if logits_K_V is None:
+                    logits_K_V = logits_G_V.new_empty(k, logits_G_V.shape[-1])
+                logits_K_V[members_M] = logits_G_V[src_M]
         if longest > self.end:
             self._relayout(longest)
+        for members_M, src_M, kv, offset_G in placed:
+            self._place(members_M, src_M, kv, [lengths[i] for i in members_M],
+                        [offset_G[g] for g in src_M])
+        self._append(k, lengths)
+        return logits_K_V
+
+    def snapshot(self, row: int) -> torch.Tensor:
+        """Row `row`'s keys/values of every layer, stacked [2 * layers, H, T, D] (a copy)."""
+        lo = self.starts[row]
+        return torch.stack([buf[row, :, lo : self.end]
+                            for pair in zip(self.keys, self.values, strict=True) for buf in pair])
+
+    def _append(self, k: int, lengths: list[int]) -> None:
+        """Account for k rows just written right-aligned at `end`."""
         rows = slice(self.n, self.n + k)
-        if kv is not None:
-            self._place(rows, kv, lengths, longest)
         new_starts = [self.end - c for c in lengths]
         self.start_R[rows] = torch.tensor(new_starts, dtype=torch.long).to(self.device)
         self.starts.extend(new_starts)
         self.n += k
         self.start = min(self.starts)
-        return logits_K_V
 
     def remove(self, rows: Sequence[int]) -> tuple[list[int], list[int]]:
         """Drop rows and refill the holes from the tail so live rows stay contiguous.
@@ -263,20 +308,78 @@ class SlotKV:
         self.end = new_end
         self.start = old_start + shift if n else new_end
 
-    def _place(self, rows: slice, kv: list[tuple[torch.Tensor, torch.Tensor]], lengths, longest):
-        """Copy right-padded prefill KV into rows, right-aligned so every row ends at `end`."""
-        lengths_K = torch.tensor(lengths, device=self.device)
-        # Destination column t (of the last `longest`) holds source column t - (longest - len).
+    def _place(self, members: list[int], src: list[int],
+               kv: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int],
+               offsets: list[int]) -> None:
+        """Copy right-padded KV into new rows, right-aligned so every row ends at `end`.
+
+        New row `members[i]` (counted from `n`) takes source row `src[i]`, whose data starts at
+        source column `offsets[i]` and spans `lengths[i]` columns."""
+        longest = max(lengths)
+        lengths_M = torch.tensor(lengths, device=self.device)
+        offsets_M = torch.tensor(offsets, device=self.device)
+        # Destination column t (of the last `longest`) holds source column
+        # t - (longest - len) + offset.
         cols_T = torch.arange(longest, device=self.device)
-        src_K_T = cols_T.unsqueeze(0) - (longest - lengths_K).unsqueeze(1)
-        valid_K_T = src_K_T >= 0
-        src_K_T = src_K_T.clamp(min=0)
+        src_M_T = cols_T.unsqueeze(0) - (longest - lengths_M).unsqueeze(1)
+        valid_M_T = src_M_T >= 0
+        src_M_T = (src_M_T + offsets_M.unsqueeze(1)).clamp(min=0)
         lo, hi = self.end - longest, self.end
+        dst = torch.tensor([self.n + i for i in members], device=self.device)
+        select = None if src == list(range(len(src))) and len(src) == kv[0][0].shape[0] else \
+            torch.tensor(src, device=self.device)
+        keep = valid_M_T[:, None, :, None]
         for layer, (k, v) in enumerate(kv):
-            index = src_K_T[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            keep = valid_K_T[:, None, :, None]
-            self.keys[layer][rows, :, lo:hi] = torch.where(keep, k.gather(2, index), 0)
-            self.values[layer][rows, :, lo:hi] = torch.where(keep, v.gather(2, index), 0)
+            if select is not None:
+                k, v = k.index_select(0, select), v.index_select(0, select)
+            index = src_M_T[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            self.keys[layer][dst, :, lo:hi] = torch.where(keep, k.gather(2, index), 0)
+            self.values[layer][dst, :, lo:hi] = torch.where(keep, v.gather(2, index), 0)
+
+
+Reuse = tuple[int, Kept]
+"""(m, kept): a joining row's first m tokens have `kept`'s keys/values."""
+
+
+def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
+            device, last_logits: bool
+            ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None, list[int]]:
+    """Run each row's tokens past its kept prefix through the model against that prefix.
+
+        columns:  0 ..  P-1 | P .. P+S-1
+        row i     . . p p p | s s s .       prefix right-aligned at P, new tokens left-aligned
+
+    Returns each layer's (keys, values) [K, H, P + S, D] with row i's data in columns
+    [P - m_i, P + s_i), the logits after each row's last token [K, V] with `last_logits`, and
+    each row's first data column (P - m_i).
+    """
+    prefix_K = [m for m, _ in reuse]
+    suffix_K = [len(c) - m for c, m in zip(rows, prefix_K, strict=True)]
+    K, P, S = len(rows), max(prefix_K), max(suffix_K)
+    first = reuse[0][1].kv_2L_H_T_D
+    past_K_2L_H_P_D = first.new_zeros(K, first.shape[0], first.shape[1], P, first.shape[3])
+    ids_K_S = torch.zeros(K, S, dtype=torch.long)
+    for i, (c, (m, kept)) in enumerate(zip(rows, reuse, strict=True)):
+        past_K_2L_H_P_D[i, :, :, P - m :] = kept.kv_2L_H_T_D[:, :, :m]
+        ids_K_S[i, : len(c) - m] = torch.tensor(c[m:], dtype=torch.long)
+    ids_K_S = ids_K_S.to(device)
+    prefix_t = torch.tensor(prefix_K, device=device)
+    position_ids_K_S = prefix_t.unsqueeze(1) + torch.arange(S, device=device)
+    cols_W = torch.arange(P + S, device=device)
+    own_prefix_K_W = cols_W.unsqueeze(0) >= (P - prefix_t).unsqueeze(1)
+    causal_S_W = (cols_W.unsqueeze(0) - P) <= torch.arange(S, device=device).unsqueeze(1)
+    mask_K_S_W = own_prefix_K_W.unsqueeze(1) & causal_S_W.unsqueeze(0)
+    past = [(past_K_2L_H_P_D[:, 2 * layer], past_K_2L_H_P_D[:, 2 * layer + 1])
+            for layer in range(first.shape[0] // 2)]
+    new, logits_K_T_V = fast.extend(ids_K_S, position_ids_K_S, past, mask_K_S_W,
+                                    all_logits=last_logits)
+    kv = [(torch.cat((pk, k), 2), torch.cat((pv, v), 2))
+          for (pk, pv), (k, v) in zip(past, new, strict=True)]
+    logits_K_V = None
+    if last_logits:
+        last_K = torch.tensor(suffix_K, device=device) - 1
+        logits_K_V = logits_K_T_V[torch.arange(K, device=device), last_K]
+    return kv, logits_K_V, [P - m for m in prefix_K]
 
 
 def _prefill(

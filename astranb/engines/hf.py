@@ -5,7 +5,9 @@ tasks, scripts) only enqueue work and wait on futures, so heavy torch work never
 thread or event loop. Between two decode steps the worker:
 
 1. applies queued weight updates (in place), bumps the version and re-prefills every in-flight
-   request under the new weights, so each later token is a function of the new weights only;
+   request under the new weights, so each later token is a function of the new weights only; for
+   the same reason it drops every kept prefix (below): all of them were computed under the old
+   weights;
 2. drops requests whose future was cancelled (an asyncio task awaiting `generate` was cancelled);
 3. admits queued requests into free slots (FIFO), prefilling them together;
 4. runs one decode step for the whole batch, samples, and finishes requests that stopped.
@@ -16,7 +18,19 @@ thread or event loop. Between two decode steps the worker:
     engine.update_weights(WeightUpdate("policy", version=1, state=trainer_state)).result()
     engine.close()
 
-The running batch lives in `_batch`, its KV cache in `_kvbatch`, sampling in `_sampling`.
+Prefix reuse across turns: when a request finishes, its keys/values (prompt + completion) are
+kept, up to `prefix_cache_bytes` with LRU eviction; a later request whose prompt starts with a kept
+sequence (the next turn of a multi-turn episode: token-in/token-out makes it extend the last
+prompt and completion exactly) copies those keys/values and prefills only the new tokens. Which
+kept entries a weight update drops, and why: every entry (and only at an update that was
+applied), since each was computed under the weights before it, and reusing one would make the
+next turn's tokens depend on the old weights while carrying the new version, which is exactly
+what the re-prefill of in-flight rows rules out. An update that fails changes no weight and
+drops nothing; pause/resume drop nothing. Reuse needs the lean forward (`fast_forward`, Llama
+family); other models prefill in full.
+
+The running batch lives in `_batch`, its KV cache in `_kvbatch`, kept prefixes in `_prefix`,
+sampling in `_sampling`.
 """
 
 from __future__ import annotations
@@ -37,7 +51,9 @@ from .. import weights
 from ..models import ModelSpec
 from ..types import Generation, GenerationRequest, WeightUpdate
 from ._batch import DecodeBatch, Row
+from ._kvbatch import SlotKV
 from ._outbox import LoopFuture, Outbox
+from ._prefix import PrefixCache
 from ._text import Bounded, TextCache
 from .base import MirroredWeights, RolloutEngine, settle
 
@@ -65,6 +81,20 @@ class EngineStats:
     """Whether pause() is in effect."""
     busy_seconds: float = 0.0
     """Wall-clock seconds the worker spent working (applying updates, prefilling, decoding)."""
+    prefix_hits: int = 0
+    """Joining requests admitted from a kept prefix (prefix reuse; identical prompts joining
+    together count once)."""
+    prefix_misses: int = 0
+    """Joining requests that found no kept prefix of at least one block (16 tokens)."""
+    prefix_reused_tokens: int = 0
+    """Prompt tokens whose keys/values came from kept prefixes instead of prefill (they are not
+    in `prefill_tokens`)."""
+    prefix_evictions: int = 0
+    """Kept sequences evicted (least recently used first) to stay within the byte budget."""
+    prefix_invalidated: int = 0
+    """Kept sequences dropped because a weight update was applied."""
+    prefix_bytes: int = 0
+    """Bytes of keys/values kept now."""
 
 
 class HFEngine(MirroredWeights, RolloutEngine):
@@ -81,6 +111,10 @@ class HFEngine(MirroredWeights, RolloutEngine):
         fast_forward: run Llama-family models (llama, mistral, qwen2, qwen3) through the engine's
             own lean forward (engines/_fastlm.py: the same arithmetic, logits equal to the
             model's to the bit in tests, far less Python per call). False always calls the model.
+        prefix_cache_bytes: most bytes of finished requests' keys/values kept for prompts that
+            extend them (prefix reuse across turns); 0 turns reuse off. None: room for
+            4 x max_batch_size sequences of the model's context (at most 2,048 tokens), capped
+            at 1 GiB on a CPU and a quarter of the free memory on an accelerator.
     """
 
     def __init__(
@@ -94,6 +128,7 @@ class HFEngine(MirroredWeights, RolloutEngine):
         version: int = 0,
         name: str = "policy",
         fast_forward: bool = True,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -101,6 +136,12 @@ class HFEngine(MirroredWeights, RolloutEngine):
         self.device, self.dtype = torch.device(device), dtype
         self.max_batch_size = max_batch_size
         self.fast_forward = fast_forward
+        if prefix_cache_bytes is not None and prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+        self.prefix_cache_bytes = prefix_cache_bytes
+        """Byte budget of kept prefixes (None until the worker picks the default)."""
+        self._prefix: PrefixCache | None = None  # built by the worker thread
+        self._invalidated = 0
         self.tokenizer = spec.tokenizer()
         self._decode = TextCache(self.tokenizer)  # worker thread only
         self._valid_prompts: Bounded[tuple[int, ...], bool] = Bounded()  # checked already
@@ -265,6 +306,7 @@ class HFEngine(MirroredWeights, RolloutEngine):
     def stats(self) -> EngineStats:
         """Counters, e.g. to wait until some tokens have been generated."""
         with self._cv:
+            prefix = self._prefix
             return EngineStats(
                 version=self._version,
                 steps=self._steps,
@@ -274,6 +316,8 @@ class HFEngine(MirroredWeights, RolloutEngine):
                 queued=len(self._queue) + len(self._joining),
                 paused=self._paused,
                 busy_seconds=self._busy,
+                **(_prefix_stats(prefix) if prefix is not None else {}),
+                prefix_invalidated=self._invalidated,
             )
 
     # -- caller-side checks -----------------------------------------------------------------------
@@ -314,8 +358,14 @@ class HFEngine(MirroredWeights, RolloutEngine):
     def _run(self) -> None:
         try:
             with torch.inference_mode():
-                self._batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed,
-                                          fast=self.fast_forward)
+                batch = DecodeBatch(self._model, self.max_batch_size, self.device, self.seed,
+                                    fast=self.fast_forward)
+                if self.prefix_cache_bytes is None:
+                    self.prefix_cache_bytes = _default_prefix_bytes(batch.kv, self.max_context,
+                                                                    self.device)
+                if self.prefix_cache_bytes and batch.kv.fast is not None:
+                    batch.prefix = self._prefix = PrefixCache(self.prefix_cache_bytes)
+                self._batch = batch
                 while self._wait_for_work():
                     start = time.perf_counter()
                     self._tick()
@@ -443,6 +493,8 @@ class HFEngine(MirroredWeights, RolloutEngine):
             settle(future, exc=exc)
             return
         self._version = update.version
+        if self._prefix is not None:  # computed under the old weights (module docstring)
+            self._invalidated += self._prefix.clear()
         seconds = time.perf_counter() - start
         # Rebuild every in-flight cache, so no later token depends on the old weights.
         batch = self._worker_batch()
@@ -538,6 +590,24 @@ def _build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device):
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         model.set_attn_implementation("flash_attention_2")  # untested here (no CUDA in CI)
     return model.requires_grad_(False)
+
+
+def _prefix_stats(prefix: PrefixCache) -> dict[str, int]:
+    return dict(prefix_hits=prefix.hits, prefix_misses=prefix.misses,
+                prefix_reused_tokens=prefix.reused_tokens, prefix_evictions=prefix.evictions,
+                prefix_bytes=prefix.bytes)
+
+
+def _default_prefix_bytes(kv: SlotKV, max_context: int | None, device: torch.device) -> int:
+    """Room for 4 x max_rows sequences of the context (at most 2,048 tokens), capped at 1 GiB on
+    a CPU and a quarter of the free memory on CUDA."""
+    per_token = sum(2 * heads * dim * torch.empty((), dtype=dtype).element_size()
+                    for heads, dim, dtype in kv.shapes)
+    wanted = 4 * kv.max_rows * min(max_context or 2048, 2048) * per_token
+    cap = 1 << 30
+    if device.type == "cuda":
+        cap = torch.cuda.mem_get_info(device)[0] // 4
+    return min(wanted, cap)
 
 
 def _alias_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
