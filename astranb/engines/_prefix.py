@@ -17,8 +17,9 @@ tokens past it, and the winner's shared prefix is verified in full (a hash colli
 never wrong keys). Matches shorter than one block are not worth a copy and count as misses.
 
 An entry whose tokens another kept entry extends is redundant (the longer one matches every
-prompt at least as far), so keeping a row that was admitted from an entry drops that entry: a
-conversation holds one entry, its latest turn. The store is bounded by `budget_bytes` with LRU
+prompt at least as far), so keeping a row that was admitted from an entry drops that entry (and a
+sequence already within a kept one is not kept again): a conversation holds one entry, its latest
+turn. The store is bounded by `budget_bytes` with LRU
 eviction (a lookup hit refreshes an entry).
 
 Single-threaded: only the engine's worker thread calls into it (through `DecodeBatch`); other
@@ -130,6 +131,11 @@ class PrefixCache:
         these tokens extend) is dropped. Evicts least recently used entries to fit the budget."""
         if supersedes is not None and self.entries.get(id(supersedes)) is supersedes:
             self._drop(supersedes)
+        length, closest = self.lookup(tokens, len(tokens))
+        if closest is not None and length == len(tokens):
+            return  # already kept, or within a longer kept sequence (a group's twin rows)
+        if closest is not None and length == len(closest.tokens):
+            self._drop(closest)  # a prefix of these tokens: redundant from now on
         entry = Kept(tuple(tokens), kv_2L_H_T_D, tuple(block_hashes(tokens)))
         if not entry.hashes or entry.nbytes > self.budget_bytes:
             return
