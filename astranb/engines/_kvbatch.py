@@ -33,6 +33,7 @@ buffer and return views; it never copies the whole cache per step, unlike `Dynam
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -149,8 +150,8 @@ class SlotKV:
         if self.fast is not None:
             return self.fast.decode(ids_B_1, position_ids_B_1, mask_B_W, self)
         out = self.model(input_ids=ids_B_1, attention_mask=mask_B_W,
-                         position_ids=position_ids_B_1, cache=self.cache, use_cache=True,
-                         logits_to_keep=1)
+                         position_ids=position_ids_B_1, use_cache=True, logits_to_keep=1,
+                         **cache_argument(self.model, self.cache))
         return out.logits[:, -1]
 
     def write(self, layer: int, keys: torch.Tensor,
@@ -406,8 +407,8 @@ def _prefill(
         logits_K_T_V = model(
             input_ids=ids_K_T,
             position_ids=position_ids_K_T,
-            cache=cache,
             use_cache=True,
+            **cache_argument(model, cache),
             logits_to_keep=0 if last_logits else 1,  # 0: every position
         ).logits
         kv = [_filled(layer) for layer in cache.layers]
@@ -418,13 +419,32 @@ def _prefill(
     return kv, logits_K_V
 
 
+def cache_argument(model: Any, cache: Cache) -> dict[str, Cache]:
+    """The keyword a model's forward takes its cache by: `cache` from transformers 5.2x on,
+    `past_key_values` before (an unknown keyword is swallowed by `**kwargs` there, and the cache
+    stays empty). Read from the forward's signature, looking through wrappers (PEFT) whose
+    forward takes only `**kwargs`."""
+    seen: Any = model
+    for _ in range(4):
+        params = inspect.signature(seen.forward).parameters
+        if "cache" in params:
+            return {"cache": cache}
+        if "past_key_values" in params:
+            return {"past_key_values": cache}
+        inner = getattr(seen, "get_base_model", None)
+        if inner is None or inner() is seen:
+            break
+        seen = inner()
+    return {"past_key_values": cache}
+
+
 def _probe_kv_shapes(model, device) -> list[tuple[int, int, torch.dtype]]:
     """(kv_heads, head_dim, dtype) of every layer, read from a one-token forward."""
     cache = DynamicCache(config=model.config)
     model(
         input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
-        cache=cache,
         use_cache=True,
+        **cache_argument(model, cache),
         logits_to_keep=1,
     )
     if any(cache.is_sliding) or any(cache.is_linear):
