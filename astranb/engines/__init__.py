@@ -10,6 +10,7 @@ from ._sampling import top_p_filter
 from .base import RolloutEngine
 from .hf import EngineStats, HFEngine
 from .sglang import SGLangEngine, SGLangError
+from .vllm import VLLMEngine, VLLMError
 
-__all__ = ["RolloutEngine", "HFEngine", "EngineStats", "SGLangEngine", "SGLangError", "FastLM",
-           "top_p_filter"]
+__all__ = ["RolloutEngine", "HFEngine", "EngineStats", "SGLangEngine", "SGLangError", "VLLMEngine",
+           "VLLMError", "FastLM", "top_p_filter"]
