@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="bearer token (default $ASTRANB_TOKEN); required off loopback")
         p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
         p.add_argument("--max-body-mb", type=int, default=1024, help="largest request body")
-    rollout.add_argument("--engine", choices=("hf", "sglang", "instant"), default="hf")
+    rollout.add_argument("--engine", choices=("hf", "sglang", "vllm", "instant"), default="hf")
     rollout.add_argument("--max-inflight", type=int, default=512, help="episodes played at once")
     rollout.add_argument("--environment", action="append", default=[], metavar="NAME=module:Class",
                          help="also allow this environment class (repeatable)")
     rollout.add_argument("--sglang-url", help="attach to a running SGLang server")
+    rollout.add_argument("--vllm-url", help="attach to a running vLLM server (see README)")
     rollout.add_argument("--region", default="", metavar="NAME",
                          help="the region this service runs in; the services of one region pull "
                               "each version from the trainer once, through a relay among them")
@@ -109,7 +110,8 @@ def _serve_rollout(args) -> int:
             raise ValueError(f"--environment {item!r}: write NAME=module:Class")
         envs[name] = target
     config = RolloutConfig(args.engine, args.device, args.max_inflight, envs, args.sglang_url,
-                           service_config(args), region=args.region, trainer_url=args.trainer_url)
+                           service_config(args), region=args.region, trainer_url=args.trainer_url,
+                           vllm_url=args.vllm_url)
     return serve(create_app(config), config.service, "rollout")
 
 

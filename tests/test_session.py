@@ -305,8 +305,8 @@ def test_unwired_role_and_unknown_environment_are_clear_errors(tmp_path):
             session.wire("nope", solver=policy)
         with pytest.raises(ValueError, match="exists already"):
             session.policy("solver", model=ab.models.tiny())
-        with pytest.raises(ValueError, match="engine='vllm' is not available"):
-            session.policy("other", model=ab.models.tiny(), engine="vllm")
+        with pytest.raises(ValueError, match="engine='sglang' is not available"):
+            session.policy("other", model=ab.models.tiny(), engine="sglang")
 
 
 def test_evaluate_counts_failed_episodes_and_refuses_when_all_fail(tmp_path):

@@ -16,12 +16,14 @@ import time
 import pytest
 import torch
 
+import astranb as ab
 from astranb import models, weights
 from astranb.engines import top_p_filter
 from astranb.engines._vllm_server import vllm_python
 from astranb.engines._vllm_wire import _labels, _parse_stretch, _Stretch, _versions
 from astranb.engines.vllm import VLLMEngine, VLLMError
 from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
+from tests.envs import CountA
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -194,6 +196,31 @@ def test_pause_holds_requests_until_resume(engine):
     engine.resume()
     assert len(future.result(timeout=60).completion_ids) >= 1
     assert engine.availability() == engine.max_inflight
+
+
+def test_a_session_with_engine_vllm_learns(tmp_path):
+    """The quickstart's shape on CountA (reward: the share of 'a' written): a policy whose
+    engine is a vLLM server this session starts; reward rises and the server ends up with the
+    trainer's last weights, checksum for checksum."""
+    if vllm_python() is None:
+        pytest.skip("no Python with vLLM: run `make vllm`")  # the engine fixture failed in CI
+    session = ab.Session(tmp_path / "runs")
+    policy = session.policy("solver", model=models.tiny(num_heads=2), engine="vllm",
+                            optimizer=ab.AdamWConfig(lr=3e-3))
+    session.wire(CountA(), solver=policy)
+    with session:
+        start = time.perf_counter()
+        run = session.train(steps=20, batch_size=32, group_size=8,
+                            max_staleness=2).wait(progress=False)
+        seconds = time.perf_counter() - start
+        df = run.metrics
+        print(f"engine='vllm': 20 steps in {seconds:.1f}s, "
+              f"{int(df['episodes'].iloc[-1]) / seconds:.0f} episodes/s")
+        assert policy.engine.version == 20
+        assert policy.engine.weights_checksum == int(df["weights_checksum"].iloc[-1])
+        assert policy.engine.published_checksum() == policy.engine.weights_checksum
+    rewards = df["reward_played"].dropna().tolist()
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
 
 
 def test_close_ends_the_servers_process_group(engine):  # last: it closes the shared server

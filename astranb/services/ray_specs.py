@@ -18,7 +18,7 @@ from ..errors import AstranbError
 __all__ = ["ROLLOUT_KEYS", "TRAINER_KEYS", "RaySpecError"]
 
 ROLLOUT_KEYS: dict[str, Any] = {
-    "engine": "hf",  # hf | sglang | instant
+    "engine": "hf",  # hf | sglang | vllm | instant
     "count": 1,  # services of this spec
     "region": None,  # a custom resource region:<name> the node must offer; None: any node
     "cpus": 1,  # per service
@@ -44,7 +44,7 @@ TRAINER_KEYS: dict[str, Any] = {
 }
 """The keys of the trainer spec and their defaults."""
 
-ENGINES = ("hf", "sglang", "instant")
+ENGINES = ("hf", "sglang", "vllm", "instant")
 REGION = "region:"  # prefix of the custom resource that marks a node's region
 REGION_SHARE = 0.001  # of that resource each service takes
 # flags the launcher sets itself, and where to say them instead

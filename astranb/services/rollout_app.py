@@ -2,7 +2,8 @@
 
 A Session (or anyone with the token) drives it in four moves, as AstraFlow's rollout service:
 
-1. `POST /v1/policies`     build an engine for a policy from a model spec (hf | sglang | instant);
+1. `POST /v1/policies`     build an engine for a policy from a model spec (hf, sglang, vllm or
+                           instant);
 2. `POST /v1/environments` register an environment by its installed name, with role -> policy;
 3. `POST /v1/submit`       queue episodes (id, environment, sample); `GET /v1/availability` says
                            how many more it takes now;
@@ -79,8 +80,8 @@ class RolloutConfig:
     """What a rollout service runs.
 
     Attributes:
-        engine: "hf" (torch continuous batching), "sglang" (an SGLang server) or "instant"
-            (no model; for benchmarks of the service path).
+        engine: "hf" (torch continuous batching), "sglang" (an SGLang server), "vllm" (a vLLM
+            server) or "instant" (no model; for benchmarks of the service path).
         device: torch device of hf engines.
         max_inflight: episodes played at once; availability() is what is left of it.
         environments: extra environments the operator allows, name -> "module:Class".
@@ -88,9 +89,10 @@ class RolloutConfig:
         service: bind address, port, token, body limit.
         region: where the service runs ("" for none); the services of one region share a relay.
         trainer_url: how this service reaches the trainer (None: the URL the session sends).
+        vllm_url: attach vllm engines to this server instead of launching one.
     """
 
-    engine: Literal["hf", "sglang", "instant"] = "hf"
+    engine: Literal["hf", "sglang", "vllm", "instant"] = "hf"
     device: str = "cpu"
     max_inflight: int = 512
     environments: dict[str, str] = field(default_factory=dict)
@@ -98,6 +100,7 @@ class RolloutConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     region: str = ""
     trainer_url: str | None = None
+    vllm_url: str | None = None
 
 
 # -- the service ----------------------------------------------------------------------------------
@@ -184,6 +187,14 @@ class RolloutService:
                                  "has none; save it with spec.save(dir) and use models.local(dir)")
             engine = SGLangEngine(spec, url=self.config.sglang_url, name=body.name)
             return engine, engine.tokenizer
+        if kind == "vllm":
+            from ..engines.vllm import VLLMEngine
+
+            dtype = str(dtype_for(self.config.device, spec)).removeprefix("torch.")
+            vllm = VLLMEngine(spec, url=self.config.vllm_url, name=body.name, seed=body.seed,
+                              dtype=dtype, device=self.config.device.split(":")[0],
+                              max_inflight=body.max_batch_size)
+            return vllm, vllm.tokenizer
         from ..engines import HFEngine
 
         hf = HFEngine(spec, device=self.config.device, dtype=dtype_for(self.config.device, spec),

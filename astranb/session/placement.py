@@ -1,6 +1,7 @@
 """Which engine, trainer and publisher a policy whose engine runs in this process gets.
 
-    trainer        trainer                       publisher (engine: HFEngine in every case)
+    trainer        trainer                       publisher (engine: HFEngine, or VLLMEngine
+                                                 for engine="vllm", in every case)
     "thread"       LocalTrainer (this process)   EnginePublisher (bf16 deltas), or
                                                  StatePublisher (weight_transfer="state")
     "process"      ProcessTrainer (a child)      ProcessPublisher (payloads from the child)
@@ -81,13 +82,36 @@ def external_choice(trainer: External | str | None, *, reference: Reference | No
 def place(name: str, spec: ModelSpec, algorithm: Algorithm, optimizer: AdamWConfig,
           where: Placement, stack: ExitStack, portal: Any, *, max_batch_size: int,
           seed: int, weight_transfer: str, full_every: int, reference: Reference | None,
-          lora: LoRA | None) -> Parts:
+          lora: LoRA | None, engine: str = "hf") -> Parts:
     """Build the engine, trainer and publisher of a policy sampled in this process; what must
     be closed goes on `stack` (unwound while `portal`, the session's loop, still runs); the
     publisher has published version 0."""
-    engine = HFEngine(spec, device=where.device, dtype=where.dtype,
-                      max_batch_size=max_batch_size, seed=seed, name=name)
-    stack.callback(engine.close)
+    rollout = _engine(engine, name, spec, where, max_batch_size=max_batch_size, seed=seed)
+    stack.callback(rollout.close)
+    return _trainer_parts(name, spec, algorithm, optimizer, where, stack, portal, rollout,
+                          weight_transfer=weight_transfer, full_every=full_every,
+                          reference=reference, lora=lora)
+
+
+def _engine(kind: str, name: str, spec: ModelSpec, where: Placement, *, max_batch_size: int,
+            seed: int) -> Any:
+    """The policy's rollout engine: HFEngine here, or a VLLMEngine over a server it starts (the
+    server runs the trainer's dtype, so both score tokens alike)."""
+    if kind == "vllm":
+        from ..engines.vllm import VLLMEngine
+
+        dtype = str(where.dtype).removeprefix("torch.")
+        return VLLMEngine(spec, name=name, dtype=dtype, device=torch.device(where.device).type,
+                          max_inflight=max_batch_size, seed=seed)
+    return HFEngine(spec, device=where.device, dtype=where.dtype,
+                    max_batch_size=max_batch_size, seed=seed, name=name)
+
+
+def _trainer_parts(name: str, spec: ModelSpec, algorithm: Algorithm, optimizer: AdamWConfig,
+                   where: Placement, stack: ExitStack, portal: Any, engine: Any, *,
+                   weight_transfer: str, full_every: int, reference: Reference | None,
+                   lora: LoRA | None) -> Parts:
+    """The trainer and publisher that go with `engine` (see the table above)."""
     trainer: Any
     publisher: Any
     if where.external is not None:

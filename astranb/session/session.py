@@ -59,7 +59,7 @@ from .wiring import Wiring
 
 __all__ = ["Session"]
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 class Session:
@@ -166,7 +166,9 @@ class Session:
         Args:
             name: unique name (metrics and wiring use it).
             model: `models.tiny(...)`, `models.local(path)` or a local model directory.
-            engine: rollout engine; "hf" (torch continuous batching) in this process.
+            engine: rollout engine; "hf" (torch continuous batching) in this process, or
+                "vllm": a vLLM server this process starts on loopback (`make vllm` installs
+                it; 30-100 s to start on CPU; see README, "Choosing an engine").
             algorithm: GRPO() (default) or M2PO(...).
             optimizer: AdamWConfig(...) settings.
             max_batch_size: most sequences the engine decodes at once.
@@ -229,7 +231,7 @@ class Session:
                       self._context.loop() if external is not None else None,
                       max_batch_size=max_batch_size, seed=seed,
                       weight_transfer=weight_transfer, full_every=full_every,
-                      reference=reference, lora=lora)
+                      reference=reference, lora=lora, engine=engine)
         eng = parts.engine
         policy = Policy(name, spec, algorithm, optimizer, eng, parts.trainer, parts.publisher,
                         eng.tokenizer, max_batch_size=max_batch_size, seed=seed, lora=lora)
