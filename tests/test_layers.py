@@ -105,7 +105,7 @@ LAYERS = (
              uses=("chat",)),
         Part("evaluation", ("evaluation.py",), "held-out scoring: avg@k, pass@k",
              uses=("environments",)),
-        Part("engines", ("engines/",), "rollout engines: hf, sglang, instant",
+        Part("engines", ("engines/",), "rollout engines: hf, sglang, vllm, instant",
              uses=("weights", "models")),
         Part("training", ("training/",), "trainers: local, FSDP; SFT batches; frozen references",
              uses=("algorithms", "models", "engines", "chat")),
