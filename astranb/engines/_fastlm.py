@@ -16,8 +16,8 @@ The engine makes three calls, writing keys/values through a caller's sink; the t
 
     prefill(ids_K_T, positions_K_T)        right-padded prompts, plain causal attention
         -> per layer (keys, values) [K, Hkv, T, D], logits [K, T, V] or of the last column
-    extend(ids_K_T, positions_K_T, past, mask_K_T_W)   new tokens after kept prefixes (reuse)
-        -> per layer (keys, values) of the new tokens [K, Hkv, T, D], logits as prefill
+    extend(ids_K_T, positions_K_T, kv, mask_K_T_W)   new tokens after kept prefixes (reuse)
+        -> their keys/values written into kv [2 * layers, K, Hkv, P + T, D], logits as prefill
     decode(ids_B_1, positions_B_1, kv)     one token per row against `kv`'s window
         kv.write(layer, keys_B_Hkv_1_D, values_B_Hkv_1_D) -> window keys/values [B, Hkv, W+1, D]
         kv.mask_B_W (bool, True = attend)
@@ -243,29 +243,29 @@ class FastLM:
 
     @torch.inference_mode()
     def extend(self, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor,
-               past: list[tuple[torch.Tensor, torch.Tensor]], mask_K_T_W: torch.Tensor, *,
-               all_logits: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+               kv_2L_K_H_W_D: torch.Tensor, mask_K_T_W: torch.Tensor, *,
+               all_logits: bool) -> torch.Tensor:
         """Right-padded new tokens after each row's kept prefix (prefix reuse).
 
-        `past` holds each layer's prefix keys/values [K, Hkv, P, D]; `mask_K_T_W` (W = P + T,
-        True = attend) says which prefix columns are a row's own and keeps the new tokens causal.
-        Returns each layer's (keys, values) of the new tokens only [K, Hkv, T, D] and the logits
-        as `prefill` does."""
+        `kv_2L_K_H_W_D` holds every layer's keys and values (k0, v0, k1, v1, ...) with the
+        prefixes in its first W - T columns; the new tokens' keys/values are written into the
+        last T. `mask_K_T_W` (True = attend) says which prefix columns are a row's own and keeps
+        the new tokens causal. Returns the logits as `prefill` does."""
         x = self.embed(ids_K_T)
         cos, sin = self._rope(positions_K_T, x.dtype)
         mask_K_1_T_W = mask_K_T_W[:, None]
-        kv = []
-        for layer, (past_k, past_v) in zip(self.layers, past, strict=True):
+        P = kv_2L_K_H_W_D.shape[3] - ids_K_T.shape[1]
+        for index, layer in enumerate(self.layers):
             h = _norm(x, layer.ln1)
             q, k, v = self._qkv(layer, h, cos, sin)
-            kv.append((k, v))
-            keys, values = torch.cat((past_k, k), 2), torch.cat((past_v, v), 2)
+            keys, values = kv_2L_K_H_W_D[2 * index], kv_2L_K_H_W_D[2 * index + 1]
+            keys[:, :, P:], values[:, :, P:] = k, v
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask_K_1_T_W,
                                                   scale=layer.scaling,
                                                   enable_gqa=self.groups > 1)
             x = self._finish_layer(layer, x, attn)
         x = _norm(x if all_logits else x[:, -1:], self.norm)
-        return kv, self.lm_head(x)
+        return self.lm_head(x)
 
     def logits(self, ids_B_T: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of right-padded rows with causal attention, under autograd (the

@@ -358,10 +358,12 @@ def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
     suffix_K = [len(c) - m for c, m in zip(rows, prefix_K, strict=True)]
     K, P, S = len(rows), max(prefix_K), max(suffix_K)
     first = reuse[0][1].kv_2L_H_T_D
-    past_K_2L_H_P_D = first.new_zeros(K, first.shape[0], first.shape[1], P, first.shape[3])
+    layers2, heads, dim = first.shape[0], first.shape[1], first.shape[3]
+    # zeros, not empty: masked columns still enter the attention matmul (see `_alloc`)
+    kv_2L_K_H_W_D = first.new_zeros(layers2, K, heads, P + S, dim)
     ids_K_S = torch.zeros(K, S, dtype=torch.long)
     for i, (c, (m, kept)) in enumerate(zip(rows, reuse, strict=True)):
-        past_K_2L_H_P_D[i, :, :, P - m :] = kept.kv_2L_H_T_D[:, :, :m]
+        kv_2L_K_H_W_D[:, i, :, P - m : P] = kept.kv_2L_H_T_D[:, :, :m]
         ids_K_S[i, : len(c) - m] = torch.tensor(c[m:], dtype=torch.long)
     ids_K_S = ids_K_S.to(device)
     prefix_t = torch.tensor(prefix_K, device=device)
@@ -370,12 +372,10 @@ def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
     own_prefix_K_W = cols_W.unsqueeze(0) >= (P - prefix_t).unsqueeze(1)
     causal_S_W = (cols_W.unsqueeze(0) - P) <= torch.arange(S, device=device).unsqueeze(1)
     mask_K_S_W = own_prefix_K_W.unsqueeze(1) & causal_S_W.unsqueeze(0)
-    past = [(past_K_2L_H_P_D[:, 2 * layer], past_K_2L_H_P_D[:, 2 * layer + 1])
-            for layer in range(first.shape[0] // 2)]
-    new, logits_K_T_V = fast.extend(ids_K_S, position_ids_K_S, past, mask_K_S_W,
-                                    all_logits=last_logits)
-    kv = [(torch.cat((pk, k), 2), torch.cat((pv, v), 2))
-          for (pk, pv), (k, v) in zip(past, new, strict=True)]
+    logits_K_T_V = fast.extend(ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W,
+                               all_logits=last_logits)
+    kv = [(kv_2L_K_H_W_D[2 * layer], kv_2L_K_H_W_D[2 * layer + 1])
+          for layer in range(layers2 // 2)]
     logits_K_V = None
     if last_logits:
         last_K = torch.tensor(suffix_K, device=device) - 1
