@@ -91,6 +91,21 @@ def test_a_shared_prefix_is_reused_up_to_the_first_different_token():
     assert stats.prefill_tokens == 40 + 15
 
 
+def test_a_conversation_sharing_an_opening_leaves_the_other_conversations_entry():
+    """B's prompt shares A's first 35 tokens; keeping B must not drop A's entry, so A's second
+    turn still reuses all 51 of its tokens."""
+    rng = random.Random(10)
+    a = tokens(rng, 40)
+    b = a[:35] + tokens(rng, 15)
+    with engine(reuse=True) as eng:
+        first_a = eng.generate_many([GenerationRequest(a, GREEDY)])[0]
+        eng.generate_many([GenerationRequest(b, GREEDY)])
+        before = eng.stats().prefix_reused_tokens
+        eng.generate_many([GenerationRequest(a + first_a.completion_ids + tokens(rng, 10),
+                                             GREEDY)])
+        assert eng.stats().prefix_reused_tokens - before == 51
+
+
 def test_eviction_under_a_small_budget_keeps_outputs_exact():
     rng = random.Random(3)
     prompts = [tokens(rng, 40), tokens(rng, 40)]

@@ -17,7 +17,8 @@ The engine makes three calls, writing keys/values through a caller's sink; the t
     prefill(ids_K_T, positions_K_T)        right-padded prompts, plain causal attention
         -> per layer (keys, values) [K, Hkv, T, D], logits [K, T, V] or of the last column
     extend(ids_K_T, positions_K_T, kv, mask_K_T_W)   new tokens after kept prefixes (reuse)
-        -> their keys/values written into kv [2 * layers, K, Hkv, P + T, D], logits as prefill
+        -> their keys/values written into kv [2 * layers, K, Hkv, P + T, D], logits [K, V]
+           after each row's last new token
     decode(ids_B_1, positions_B_1, kv)     one token per row against `kv`'s window
         kv.write(layer, keys_B_Hkv_1_D, values_B_Hkv_1_D) -> window keys/values [B, Hkv, W+1, D]
         kv.mask_B_W (bool, True = attend)
@@ -243,14 +244,15 @@ class FastLM:
 
     @torch.inference_mode()
     def extend(self, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor,
-               kv_2L_K_H_W_D: torch.Tensor, mask_K_T_W: torch.Tensor, *,
-               all_logits: bool) -> torch.Tensor:
+               kv_2L_K_H_W_D: torch.Tensor, mask_K_T_W: torch.Tensor,
+               last_K: torch.Tensor | None = None) -> torch.Tensor:
         """Right-padded new tokens after each row's kept prefix (prefix reuse).
 
         `kv_2L_K_H_W_D` holds every layer's keys and values (k0, v0, k1, v1, ...) with the
         prefixes in its first W - T columns; the new tokens' keys/values are written into the
         last T. `mask_K_T_W` (True = attend) says which prefix columns are a row's own and keeps
-        the new tokens causal. Returns the logits as `prefill` does."""
+        the new tokens causal. Returns the logits after column `last_K[i]` of each row [K, V]
+        (None: of the last column)."""
         x = self.embed(ids_K_T)
         cos, sin = self._rope(positions_K_T, x.dtype)
         mask_K_1_T_W = mask_K_T_W[:, None]
@@ -264,8 +266,9 @@ class FastLM:
                                                   scale=layer.scaling,
                                                   enable_gqa=self.groups > 1)
             x = self._finish_layer(layer, x, attn)
-        x = _norm(x if all_logits else x[:, -1:], self.norm)
-        return self.lm_head(x)
+        rows_K = torch.arange(x.shape[0], device=x.device)
+        x_K_C = x[rows_K, last_K] if last_K is not None else x[:, -1]
+        return self.lm_head(_norm(x_K_C, self.norm))
 
     def logits(self, ids_B_T: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of right-padded rows with causal attention, under autograd (the

@@ -372,15 +372,11 @@ def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
     own_prefix_K_W = cols_W.unsqueeze(0) >= (P - prefix_t).unsqueeze(1)
     causal_S_W = (cols_W.unsqueeze(0) - P) <= torch.arange(S, device=device).unsqueeze(1)
     mask_K_S_W = own_prefix_K_W.unsqueeze(1) & causal_S_W.unsqueeze(0)
-    logits_K_T_V = fast.extend(ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W,
-                               all_logits=last_logits)
+    last_K = torch.tensor(suffix_K, device=device) - 1
+    logits_K_V = fast.extend(ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W, last_K)
     kv = [(kv_2L_K_H_W_D[2 * layer], kv_2L_K_H_W_D[2 * layer + 1])
           for layer in range(layers2 // 2)]
-    logits_K_V = None
-    if last_logits:
-        last_K = torch.tensor(suffix_K, device=device) - 1
-        logits_K_V = logits_K_T_V[torch.arange(K, device=device), last_K]
-    return kv, logits_K_V, [P - m for m in prefix_K]
+    return kv, logits_K_V if last_logits else None, [P - m for m in prefix_K]
 
 
 def _prefill(

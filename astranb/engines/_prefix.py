@@ -127,10 +127,12 @@ class PrefixCache:
 
     def keep(self, tokens: Sequence[int], kv_2L_H_T_D: torch.Tensor,
              supersedes: Kept | None = None) -> None:
-        """Keep `tokens`' keys/values; `supersedes` (the entry the row was admitted from, which
-        these tokens extend) is dropped. Evicts least recently used entries to fit the budget."""
-        if supersedes is not None and self.entries.get(id(supersedes)) is supersedes:
-            self._drop(supersedes)
+        """Keep `tokens`' keys/values; `supersedes` (the entry the row was admitted from) is
+        dropped when these tokens extend it whole (not when only an opening was shared).
+        Evicts least recently used entries to fit the budget."""
+        if (supersedes is not None and self.entries.get(id(supersedes)) is supersedes
+                and tuple(tokens[: len(supersedes.tokens)]) == supersedes.tokens):
+            self._drop(supersedes)  # only when extended: a shared opening is someone else's
         length, closest = self.lookup(tokens, len(tokens))
         if closest is not None and length == len(tokens):
             return  # already kept, or within a longer kept sequence (a group's twin rows)
