@@ -272,6 +272,7 @@ class EpisodeContext:
                 root_shared.add(key)
             clients[key] = AsyncOpenAI(base_url=self.openai_base_url(role),
                                        api_key="astranb-episode", **options)
+            _reuse_platform(clients[key])
         return clients[key]
 
     async def aclose(self) -> None:
@@ -560,6 +561,29 @@ def _arguments(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -
 
 
 _LOOP_HTTP_CLIENTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+_PLATFORM: list[Any] = []  # the openai package's platform probe, made once per process
+
+
+def _reuse_platform(client: Any) -> None:
+    """Give a new `AsyncOpenAI` the platform its first request would otherwise probe for.
+
+    The client reads the platform (for its `X-Stainless-*` headers) on its first request, in a
+    worker thread: with a client per episode that is one thread hop per episode, ~6% of an
+    episode's time on a small model. The value is the process's and does not change, so it is
+    probed once and handed to each new client; a client without the attribute (another openai
+    release) is left to probe for itself.
+    """
+    if getattr(client, "_platform", "unknown") is not None:
+        return
+    if not _PLATFORM:
+        try:
+            from openai._base_client import get_platform
+        except ImportError:
+            return
+        _PLATFORM.append(get_platform())
+    client._platform = _PLATFORM[0]
 
 
 def _loop_http_client() -> Any:
