@@ -55,13 +55,18 @@ def spec():
     return models.tiny(num_heads=2, seed=3)  # head_dim 32: vLLM's CPU attention needs >= 32
 
 
-@pytest.fixture(scope="module")
-def engine(spec):
+def _need_vllm() -> None:
+    """Skip without a Python that has vLLM; fail instead where it is required."""
     if vllm_python() is None:
         message = "no Python with vLLM: run `make vllm` (creates .venv-vllm/, about 2-8 minutes)"
         if _required():
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def engine(spec):
+    _need_vllm()
     start = time.perf_counter()
     eng = VLLMEngine(spec, max_model_len=512)
     print(f"vLLM server healthy after {time.perf_counter() - start:.1f}s")
@@ -202,8 +207,7 @@ def test_a_session_with_engine_vllm_learns(tmp_path):
     """The quickstart's shape on CountA (reward: the share of 'a' written): a policy whose
     engine is a vLLM server this session starts; reward rises and the server ends up with the
     trainer's last weights, checksum for checksum."""
-    if vllm_python() is None:
-        pytest.skip("no Python with vLLM: run `make vllm`")  # the engine fixture failed in CI
+    _need_vllm()
     session = ab.Session(tmp_path / "runs")
     policy = session.policy("solver", model=models.tiny(num_heads=2), engine="vllm",
                             optimizer=ab.AdamWConfig(lr=3e-3))
