@@ -72,7 +72,8 @@ class EngineStats:
     """Tokens sampled so far (all requests)."""
     prefill_tokens: int
     """Tokens run through prefill so far (joins and re-prefills after updates; requests that join
-    together with the same tokens count once)."""
+    together with the same tokens count once; tokens whose keys/values came from a kept prefix
+    are left out, see `prefix_reused_tokens`)."""
     active: int
     """Requests in the running batch."""
     queued: int
