@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import httpx
 import pytest
 import torch
 
@@ -43,6 +44,13 @@ def _group_alive(pgid: int) -> bool:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             return True
     return False
+
+
+def _running(engine: VLLMEngine) -> float:
+    """Requests the server is decoding now (its vllm:num_requests_running gauge)."""
+    text = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
 
 
 def _required() -> bool:
@@ -178,7 +186,8 @@ def test_an_update_in_flight_splits_versions_and_later_tokens_follow_the_new_wei
     new = bf16_weights(spec, seed=6)
     req = request(max_new=400, stop=())
     futures = [engine.submit(req) for _ in range(8)]
-    time.sleep(0.3)
+    wait_until(lambda: _running(engine) > 0, 60, "the server to run the requests")
+    time.sleep(0.3)  # tokens decoded before the update (400 take seconds even alone)
     engine.update_weights(WeightUpdate("policy", old_version + 2, state=new)).result(60)
     gens = [f.result(timeout=120) for f in futures]
     assert any(len(set(g.versions)) == 2 for g in gens), "no request was in flight at the update"
