@@ -7,23 +7,28 @@ bench/gpu_check.sh unpacks it into a scratch folder, see bench/gpu_wheels.py). E
 in a process of its own under its own time limit, so a part that fails, hangs or takes the GPU
 down still leaves the other parts' results in the report:
 
-  pytest      `pytest -q tests/gpu`: pass/fail counts and the tail of the output        (90 s)
+  pytest      `pytest -q tests/gpu`: pass/fail counts and the tail of the output        (75 s)
   engine      HFEngine against transformers' generate() in bf16 on a ~0.41B-parameter Qwen3
               (hidden 1024, 24 layers, 16 heads, 8 kv heads, ffn 3072, 32k vocab): tokens/s of
               both on the same 64 prompts x 128 tokens (sampled, as bench/engine.py does), their
-              ratio, and whether greedy outputs agree for the first 16 tokens             (120 s)
+              ratio, and whether greedy outputs agree for the first 16 tokens             (100 s)
   fsdp        one FSDP2 step on NCCL, world size 1, under torchrun, tiny model: loss, grad norm,
-              seconds, version 0 -> 1                                                      (60 s)
+              seconds, version 0 -> 1                                                      (45 s)
   quickstart  notebooks/01_quickstart's loop on CUDA (tiny model, arithmetic, GRPO, batch 128,
               group 8, max staleness 2) for 100 steps: steps/s, episodes/s, final reward,
-              max staleness                                                               (150 s)
+              max staleness                                                                (80 s)
+  vllm        engine="vllm" (astranb.engines.vllm) on a real vLLM server, where the host has a
+              Python with vLLM: seconds to healthy, tokens/s of 64 prompts x 64 tokens, a full
+              then a delta update (their seconds; the server's weights file checksummed against
+              the trainer's), later tokens' versions; else skipped                         (130 s)
 
 The report also holds the machine (torch, transformers, CUDA, GPU name and memory, gathered in
-a child process of its own, 30 s) and the total seconds. The limits add up to 7.5 minutes (a
+a child process of its own, 30 s) and the total seconds. The limits add up to 7.7 minutes (a
 killed part gets 5 s more to exit), so the whole check ends within 8. Each part has a status,
 "passed", "failed" or "skipped", with a reason unless it passed. Without CUDA the engine part
 skips ("no CUDA"), pytest runs but reports "skipped" (its tests skip themselves), and fsdp (on
-gloo) and quickstart (5 steps on CPU) run as a dry run of their code paths, with a note saying so.
+gloo), quickstart (5 steps on CPU) and vllm (vLLM's CPU build, 8 prompts, where `make vllm` made
+.venv-vllm) run as a dry run of their code paths, with a note saying so.
 
     make gpu-check                                     # writes results/gpu_check.json
     GPU_CHECK_OUT=/tmp/gpu.json make gpu-check         # or: python bench/gpu_check.py --out PATH
@@ -51,7 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable as a script from a checkout (and under torchrun)
 
-LIMITS_S = {"machine": 30, "pytest": 90, "engine": 120, "fsdp": 60, "quickstart": 150}
+# 2026-12-04 on an H200: pytest 28 s, engine 55 s, fsdp 23 s, quickstart 29 s
+LIMITS_S = {"machine": 30, "pytest": 75, "engine": 100, "fsdp": 45, "quickstart": 80,
+            "vllm": 130}
 MARGIN_S = 15  # what a part keeps of its limit to stop its own work and report
 # Qwen3-0.6B's layer shape with 24 layers and a 32k vocab: 0.41B parameters
 ENGINE_MODEL = dict(hidden_size=1024, num_layers=24, num_heads=16, num_key_value_heads=8,
@@ -75,7 +82,7 @@ def check(out: Path) -> int:
     report["machine"] = run_part("machine")
     cuda = bool(report["machine"].get("cuda_available"))
     report["parts"] = {}
-    for name in ("pytest", "engine", "fsdp", "quickstart"):
+    for name in ("pytest", "engine", "fsdp", "quickstart", "vllm"):
         if name == "engine" and not cuda:
             part = skipped(report["machine"])
         else:
@@ -359,8 +366,67 @@ def _arithmetic():
         return Arithmetic()
 
 
+def part_vllm(budget_s: float) -> dict:
+    """engine="vllm" against a real vLLM server: start-up, tokens/s, a full then a delta update
+    (the server's weights file checksummed against the trainer's), later tokens' versions."""
+    import torch
+
+    from astranb import models, weights
+    from astranb.engines._vllm_server import vllm_python
+    from astranb.engines.vllm import VLLMEngine, VLLMError
+    from astranb.types import GenerationRequest, SamplingParams, WeightUpdate
+
+    python = vllm_python()
+    if python is None:
+        return {"status": "skipped", "reason": "no Python with vLLM on this host (`make vllm` "
+                "makes one where a registry is reachable; ASTRANB_VLLM_PYTHON names another)"}
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    spec = models.tiny(num_heads=2, seed=3)  # head_dim 32: vLLM's CPU attention needs >= 32
+    prompts, new_tokens = (64, 64) if cuda else (8, 16)
+    start = time.perf_counter()
+    try:
+        engine = VLLMEngine(spec, device=device, dtype=dtype, max_model_len=512,
+                            launch_timeout=max(10.0, budget_s - 25))
+    except VLLMError as failed:
+        return {"status": "failed", "reason": str(failed).splitlines()[0],
+                "output_tail": str(failed)[-2000:], "python": python}
+    with engine:
+        healthy_s = time.perf_counter() - start
+        sampling = SamplingParams(max_new_tokens=new_tokens)
+        model = spec.build(torch.float32)
+        vocab = model.config.vocab_size
+        requests = [GenerationRequest(prompt_ids=tuple((7 * i + j) % vocab for j in range(16)),
+                                      sampling=sampling) for i in range(prompts)]
+        began = time.perf_counter()
+        gens = [f.result(timeout=60) for f in [engine.submit(r) for r in requests]]
+        generate_s = time.perf_counter() - began
+        tokens = sum(len(g.completion_ids) for g in gens)
+        w1 = {k: (v.detach() + 0.01).bfloat16() for k, v in model.state_dict().items()}
+        w2 = {k: (v.float() * 0.99).bfloat16() for k, v in w1.items()}
+        full = engine.update_weights(WeightUpdate("policy", 1, payload=weights.encode_full(
+            w1, policy="policy", version=1))).result(60)
+        delta = engine.update_weights(WeightUpdate("policy", 2, payload=weights.encode(
+            w1, w2, policy="policy", base_version=1, version=2))).result(60)
+        after = engine.submit(requests[0]).result(timeout=60)
+        figures = {"python": python, "device": device, "dtype": dtype, "healthy_s": healthy_s,
+                   "prompts": prompts, "new_tokens": new_tokens,
+                   "tokens_per_s": tokens / generate_s, "full_update_s": full["apply_seconds"],
+                   "delta_update_s": delta["apply_seconds"],
+                   "checksum_equal": engine.published_checksum() == weights.checksum(w2),
+                   "versions_after": sorted(set(after.versions))}
+    note = {} if cuda else {"note": "no CUDA: vLLM's CPU build as a dry run"}
+    if not all(len(g.completion_ids) == len(g.logprobs) == len(g.versions) >= 1 for g in gens):
+        return {"status": "failed", "reason": "a generation without tokens, or with tokens "
+                "and logprobs or versions of different lengths", **note, **figures}
+    if not figures["checksum_equal"] or figures["versions_after"] != [2]:
+        return {"status": "failed", "reason": "the server's weights or versions are not the "
+                "trainer's after two updates", **note, **figures}
+    return {"status": "passed", **note, **figures}
+
+
 PARTS = {"machine": part_machine, "pytest": part_pytest, "engine": part_engine,
-         "fsdp": part_fsdp, "quickstart": part_quickstart}
+         "fsdp": part_fsdp, "quickstart": part_quickstart, "vllm": part_vllm}
 
 
 def main() -> None:
