@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 import torch
@@ -225,3 +226,32 @@ def test_reuse_needs_the_lean_forward():
 def test_budget_must_not_be_negative():
     with pytest.raises(ValueError, match="prefix_cache_bytes"):
         HFEngine(SPEC, prefix_cache_bytes=-1)
+
+
+def test_a_row_that_lived_through_an_update_is_kept_under_the_new_weights_only():
+    """An update lands while a request decodes: its cache is re-prefilled under version 1, so the
+    entry kept when it finishes, and the next turn built on it, match an engine that only ever
+    had version 1's weights."""
+    rng = random.Random(11)
+    prompt = tokens(rng, 40)
+    long = SamplingParams(temperature=0.0, max_new_tokens=200)
+    with engine(reuse=True) as eng:
+        state = perturbed(eng, seed=1)
+        future = eng.submit(GenerationRequest(prompt, long))
+        while eng.stats().tokens_generated < 3:
+            time.sleep(0.001)
+        eng.pause()
+        assert not future.done()
+        eng.update_weights(WeightUpdate("policy", version=1, state=state)).result()
+        eng.resume()
+        first = future.result()
+        assert first.versions[0] == 0 and first.versions[-1] == 1
+        nxt = first.prompt_ids + first.completion_ids + tokens(rng, 10)
+        second = eng.generate_many([GenerationRequest(nxt, GREEDY)])[0]
+        stats = eng.stats()
+    assert stats.prefix_reused_tokens == 40 + 200 - 1
+    with engine(reuse=False) as fresh:
+        fresh.update_weights(WeightUpdate("policy", version=1, state=state)).result()
+        expected = fresh.generate_many([GenerationRequest(nxt, GREEDY)])[0]
+    assert second.completion_ids == expected.completion_ids
+    assert second.logprobs == pytest.approx(expected.logprobs, abs=TOLERANCE)
