@@ -214,13 +214,15 @@ def test_many_conversations_in_one_batch():
     assert stats.prefix_reused_tokens >= 2 * len(prompts) * 20
 
 
-def test_reuse_needs_the_lean_forward():
+def test_without_the_lean_forward_reuse_goes_through_the_model():
     rng = random.Random(9)
-    with HFEngine(SPEC, max_batch_size=4, fast_forward=False) as eng:
-        play(eng, [tokens(rng, 40)], turns=2)
-        stats = eng.stats()
-    assert stats.prefix_hits == stats.prefix_bytes == 0
-    assert stats.prefill_tokens == 40 + 62
+    prompts = [tokens(rng, 40), tokens(rng, 25)]
+    with engine(reuse=False, fast_forward=False) as off, \
+            engine(reuse=True, fast_forward=False) as on:
+        played_off, played_on = play(off, prompts, turns=3), play(on, prompts, turns=3)
+        stats = on.stats()
+    assert_same(played_off, played_on)
+    assert stats.prefix_hits == 4 and stats.prefill_tokens == 40 + 25 + 4 * 11
 
 
 def test_budget_must_not_be_negative():

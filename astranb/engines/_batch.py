@@ -68,8 +68,7 @@ class DecodeBatch:
         self.kv = SlotKV(model, max_rows, device, fast=fast)
         self.rows: tuple[Row, ...] = ()
         self.prefill_tokens = 0
-        # reuse needs the lean forward's `extend`; without it nothing is kept
-        self.prefix = prefix if self.kv.fast is not None else None
+        self.prefix = prefix
         self.pending_R = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.temperature_R = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self.top_p_R = torch.ones(max_rows, dtype=torch.float32, device=device)

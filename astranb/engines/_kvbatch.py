@@ -22,7 +22,8 @@ min(start)), which trims padding for free when a long request leaves.
 A joining row may bring kept keys/values for the start of its tokens (prefix reuse across turns,
 `_prefix`): such rows skip the plain prefill and run only their new tokens, right padded, against
 their own prefix (left padded to the longest), through the lean forward's `extend`; the result is
-placed like any other row:
+placed like any other row (models the lean forward cannot run go through the model with a
+`DynamicCache` holding the prefixes and a 4D mask):
 
     columns:    0 .. P-1 | P .. P+S-1
     row i       . . p p p | s s s .     kept prefix right-aligned at P, new tokens after it
@@ -175,7 +176,7 @@ class SlotKV:
                 (every row must then be non-empty).
             reuse: per row, None or (m, kept): the first m < len(cached[i]) tokens' keys/values
                 are `kept`'s (a finished request's, see `_prefix`); only the rest is run through
-                the model. Needs the lean forward (`fast`); without it reuse is ignored.
+                the model.
 
         Returns:
             The last logits when asked for, else None.
@@ -193,7 +194,7 @@ class SlotKV:
         unique: dict[tuple[int, ...], int] = {}
         source_K = [unique.setdefault(tuple(c), len(unique)) for c in cached]
         reuse_U: list[Reuse | None] = [None] * len(unique)
-        if reuse is not None and self.fast is not None:
+        if reuse is not None:
             for i, u in enumerate(source_K):
                 reuse_U[u] = reuse[i]
         distinct = [list(c) for c in unique]
@@ -209,10 +210,9 @@ class SlotKV:
                 offset_G = [0] * len(group)
                 self.computed += sum(len(c) for c in rows)
             else:
-                assert self.fast is not None
                 reuse_G = [r for r in (reuse_U[u] for u in group) if r is not None]
-                kv, logits_G_V, offset_G = _extend(self.fast, rows, reuse_G, self.device,
-                                                   last_logits)
+                kv, logits_G_V, offset_G = _extend(self.model, self.fast, rows, reuse_G,
+                                                   self.device, last_logits)
                 self.computed += sum(len(c) - m for c, (m, _) in zip(rows, reuse_G, strict=True))
             at = {u: g for g, u in enumerate(group)}
             members_M = [i for i in range(k) if source_K[i] in at]
@@ -342,7 +342,7 @@ Reuse = tuple[int, Kept]
 """(m, kept): a joining row's first m tokens have `kept`'s keys/values."""
 
 
-def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
+def _extend(model, fast: FastLM | None, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
             device, last_logits: bool
             ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None, list[int]]:
     """Run each row's tokens past its kept prefix through the model against that prefix.
@@ -373,10 +373,34 @@ def _extend(fast: FastLM, rows: Sequence[Sequence[int]], reuse: Sequence[Reuse],
     causal_S_W = (cols_W.unsqueeze(0) - P) <= torch.arange(S, device=device).unsqueeze(1)
     mask_K_S_W = own_prefix_K_W.unsqueeze(1) & causal_S_W.unsqueeze(0)
     last_K = torch.tensor(suffix_K, device=device) - 1
-    logits_K_V = fast.extend(ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W, last_K)
+    if fast is not None:
+        logits_K_V = fast.extend(ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W, last_K)
+    else:
+        logits_K_V = _extend_model(model, ids_K_S, position_ids_K_S, kv_2L_K_H_W_D, mask_K_S_W,
+                                   last_K)
     kv = [(kv_2L_K_H_W_D[2 * layer], kv_2L_K_H_W_D[2 * layer + 1])
           for layer in range(layers2 // 2)]
     return kv, logits_K_V if last_logits else None, [P - m for m in prefix_K]
+
+
+def _extend_model(model, ids_K_T: torch.Tensor, positions_K_T: torch.Tensor,
+                  kv_2L_K_H_W_D: torch.Tensor, mask_K_T_W: torch.Tensor,
+                  last_K: torch.Tensor) -> torch.Tensor:
+    """`FastLM.extend` through the model itself: a `DynamicCache` holding the prefixes and the
+    4D keep-mask (transformers uses a 4D mask as given)."""
+    P = kv_2L_K_H_W_D.shape[3] - ids_K_T.shape[1]
+    cache = DynamicCache(config=model.config)
+    for layer in range(kv_2L_K_H_W_D.shape[0] // 2):
+        cache.update(kv_2L_K_H_W_D[2 * layer, :, :, :P], kv_2L_K_H_W_D[2 * layer + 1, :, :, :P],
+                     layer)
+    logits_K_T_V = model(input_ids=ids_K_T, position_ids=positions_K_T,
+                         attention_mask=mask_K_T_W[:, None], cache=cache, use_cache=True,
+                         logits_to_keep=0).logits
+    for layer, cached in enumerate(cache.layers):
+        keys, values = _filled(cached)
+        kv_2L_K_H_W_D[2 * layer, :, :, P:] = keys[:, :, P:]
+        kv_2L_K_H_W_D[2 * layer + 1, :, :, P:] = values[:, :, P:]
+    return logits_K_T_V[torch.arange(ids_K_T.shape[0], device=ids_K_T.device), last_K]
 
 
 def _prefill(

@@ -26,8 +26,7 @@ kept entries a weight update drops, and why: every entry (and only at an update 
 applied), since each was computed under the weights before it, and reusing one would make the
 next turn's tokens depend on the old weights while carrying the new version, which is exactly
 what the re-prefill of in-flight rows rules out. An update that fails changes no weight and
-drops nothing; pause/resume drop nothing. Reuse needs the lean forward (`fast_forward`, Llama
-family); other models prefill in full.
+drops nothing; pause/resume drop nothing.
 
 The running batch lives in `_batch`, its KV cache in `_kvbatch`, kept prefixes in `_prefix`,
 sampling in `_sampling`.
@@ -364,7 +363,7 @@ class HFEngine(MirroredWeights, RolloutEngine):
                 if self.prefix_cache_bytes is None:
                     self.prefix_cache_bytes = _default_prefix_bytes(batch.kv, self.max_context,
                                                                     self.device)
-                if self.prefix_cache_bytes and batch.kv.fast is not None:
+                if self.prefix_cache_bytes:
                     batch.prefix = self._prefix = PrefixCache(self.prefix_cache_bytes)
                 self._batch = batch
                 while self._wait_for_work():
