@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/openai_agent.py              # 3 seeds: ~10 min on 2 cores
     .venv/bin/python bench/openai_agent.py --quick      # 1 seed, 20 steps: a smoke run
+    .venv/bin/python bench/openai_agent.py --hidden 512 --layers 8   # a wider, deeper tiny_chat
 
 The task is the quickstart's (single-digit sums, 0/1 reward), as a two-turn chat: the user asks
 "a+b=", the agent answers, the user asks "Are you sure? Answer again with the digit only.", and
@@ -75,9 +76,10 @@ class Sums(ab.Environment):
         return float(bool(digits) and digits[0] == sample["answer"])
 
 
-def run(client: bool, steps: int, seed: int, workdir: Path) -> dict[str, Any]:
+def run(client: bool, steps: int, seed: int, workdir: Path,
+        model: dict[str, int] | None = None) -> dict[str, Any]:
     with ab.Session(workdir) as session:
-        policy = session.policy("agent", model=ab.models.tiny_chat(), seed=seed,
+        policy = session.policy("agent", model=ab.models.tiny_chat(**(model or {})), seed=seed,
                                 algorithm=ab.GRPO(entropy_coef=0.05),
                                 optimizer=ab.AdamWConfig(lr=1e-3))
         session.wire(Sums(client), agent=policy)
@@ -107,7 +109,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--hidden", type=int, default=128, help="tiny_chat's width")
+    parser.add_argument("--layers", type=int, default=2, help="tiny_chat's depth")
     args = parser.parse_args()
+    model = {"hidden_size": args.hidden, "num_layers": args.layers}
     if args.quick:
         args.seeds, args.steps = 1, 20
     results: dict[str, list[dict[str, Any]]] = {"ctx.chat": [], "openai client": []}
@@ -116,16 +121,18 @@ def main() -> None:
         for seed in range(args.seeds):
             order = list(results) if seed % 2 == 0 else list(reversed(results))
             for name in order:
-                out = run(name == "openai client", args.steps, seed, Path(tmp) / f"{name}-{seed}")
+                out = run(name == "openai client", args.steps, seed, Path(tmp) / f"{name}-{seed}",
+                          model)
                 results[name].append(out)
                 print(f"{name} seed {seed}: {out}", flush=True)
     load = os.getloadavg()
     lines = [f"## An agent through the openai client against ctx.chat (bench/openai_agent.py, "
              f"{date.today().isoformat()})", "",
-             f"`.venv/bin/python bench/openai_agent.py{' --quick' if args.quick else ''}` "
+             f"`.venv/bin/python bench/openai_agent.py{' --quick' if args.quick else ''}"
+             f" --hidden {args.hidden} --layers {args.layers}` "
              f"({(time.monotonic() - begun) / 60:.0f} min, load average {load[0]:.1f}/"
              f"{load[1]:.1f}/{load[2]:.1f} at the end; 2 cores). {args.steps} steps, batch 64 x "
-             "group 8, tiny_chat, two-turn sums.", "",
+             f"group 8, tiny_chat({args.hidden}x{args.layers}), two-turn sums.", "",
              "| agent | seed | episodes/s | reward, first 10% | last 10% | retokenized |",
              "|---|---|---|---|---|---|"]
     for name, runs in results.items():
