@@ -105,6 +105,7 @@ class SlotKV:
         self.max_rows = max_rows
         self.device = device
         self.shapes = _probe_kv_shapes(model, device)
+        self._cache_keyword = next(iter(cache_argument(model, None)))  # read once, not per step
         self.n = 0
         """Live rows, always rows [0, n)."""
         self.computed = 0
@@ -152,7 +153,7 @@ class SlotKV:
             return self.fast.decode(ids_B_1, position_ids_B_1, mask_B_W, self)
         out = self.model(input_ids=ids_B_1, attention_mask=mask_B_W,
                          position_ids=position_ids_B_1, use_cache=True, logits_to_keep=1,
-                         **cache_argument(self.model, self.cache))
+                         **{self._cache_keyword: self.cache})
         return out.logits[:, -1]
 
     def write(self, layer: int, keys: torch.Tensor,
@@ -439,7 +440,7 @@ def _prefill(
     return kv, logits_K_V
 
 
-def cache_argument(model: Any, cache: Cache) -> dict[str, Cache]:
+def cache_argument(model: Any, cache: Cache | None) -> dict[str, Cache | None]:
     """The keyword a model's forward takes its cache by: `cache` from transformers 5.2x on,
     `past_key_values` before (an unknown keyword is swallowed by `**kwargs` there, and the cache
     stays empty). Read from the forward's signature, looking through wrappers (PEFT) whose
